@@ -1,0 +1,22 @@
+"""Every engine setting in one place, passed explicitly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_TARGET = "smollm2-135m"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    target: str = DEFAULT_TARGET  # "smollm2-135m", a Hugging Face id, a local folder or a .gguf file
+    draft_model: str | None = None  # same forms as target; needed by the "model" and "hybrid" drafters
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    dtype: str = "auto"  # "auto" (bf16) | "bfloat16" | "float16" | "float32"
+    exact: bool = True  # shape-bucketed forward: speculative output bit-identical to plain decoding
+    max_draft: int = 10  # k: tokens drafted per step (at most ROW_BUCKET - 1 in exact mode)
+    ngram_min: int = 2  # shortest n-gram that may produce a draft
+    ngram_max: int = 8  # longest n-gram the matcher tries to extend to
+    hybrid_min_match: int = 3  # hybrid: an n-gram match this long wins over the draft model
+    draft_min_prob: float = 0.3  # model drafter stops when its top probability falls below this
+    max_context: int = 4096  # tokens of context kept (the oldest are cut)

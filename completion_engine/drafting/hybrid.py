@@ -1,0 +1,35 @@
+"""Hybrid drafting: a long enough n-gram match beats the draft model, which fills in otherwise.
+
+Policy: an n-gram match of at least `min_match` tokens is copied text the target very often
+repeats (an identifier list, a repeated call, the code after the cursor), and costs nothing to
+make; a shorter or absent match says the text is new, where the draft model's prediction is the
+better bet despite its cost per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from completion_engine.drafting.model import ModelDrafter
+from completion_engine.drafting.ngram import NgramDrafter
+from completion_engine.sampling import Sampler
+from completion_engine.types import Draft
+
+
+class HybridDrafter:
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, min_match: int) -> None:
+        self.ngram = ngram
+        self.model = model
+        self.min_match = min_match
+        self._last_source = ""
+
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
+        draft = self.ngram.propose(context, k, sampler)
+        if draft.match_len < self.min_match:
+            draft = self.model.propose(context, k, sampler)
+        self._last_source = draft.source
+        return draft
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if self._last_source == "model":
+            self.model.observe(proposed, accepted)

@@ -1,0 +1,66 @@
+"""Drafting with a small causal LM that keeps its own KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from completion_engine.drafting.base import empty_draft
+from completion_engine.kv import common_prefix_len
+from completion_engine.runner import DecoderRunner
+from completion_engine.sampling import Sampler
+from completion_engine.types import Draft
+
+
+class ModelDrafter:
+    """Greedy (or sampled) decoding with the draft model, stopping early when it gets unsure.
+
+    k adapts to recent acceptance: +2 after a fully accepted draft, -1 after a rejection
+    (the heuristic of transformers' assisted generation).
+    """
+
+    source = "model"
+
+    def __init__(self, runner: DecoderRunner, min_prob: float, max_k: int) -> None:
+        self.runner = runner
+        self.min_prob = min_prob
+        self.max_k = max_k
+        self.k_limit = max(1, max_k // 2)
+
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
+        k = min(k, self.k_limit)
+        if k <= 0 or not context:
+            return empty_draft(self.source)
+        logits = self._sync(context)
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        for _ in range(k):
+            probs = sampler.probs(logits[-1]) if sampler else torch.softmax(logits[-1], dim=-1)
+            token = sampler.sample(probs) if sampler else int(probs.argmax())
+            if sampler is None and float(probs[token]) < self.min_prob and tokens:
+                break
+            tokens.append(token)
+            dists.append(probs)
+            if len(tokens) == k:
+                break
+            logits = self.runner.extend([token])
+        return Draft(tokens=tokens, probs=torch.stack(dists) if sampler else None, source=self.source)
+
+    def _sync(self, context: Sequence[int]) -> torch.Tensor:
+        """Bring the draft cache to `context` and return the logits after its last token."""
+        keep = min(common_prefix_len(self.runner.token_ids, context), len(context) - 1)
+        overflow = len(context) - self.runner.capacity
+        if overflow > 0:  # too long for the draft's cache: draft from the most recent part only
+            context = context[overflow:]
+            keep = 0
+        self.runner.truncate(keep)
+        return self.runner.extend(list(context[keep:]))
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if proposed == 0:
+            return
+        if accepted == proposed:
+            self.k_limit = min(self.max_k, self.k_limit + 2)
+        else:
+            self.k_limit = max(1, self.k_limit - 1)

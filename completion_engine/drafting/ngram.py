@@ -1,0 +1,99 @@
+"""N-gram (prompt lookup) drafting over the context and every open document."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from completion_engine.drafting.base import empty_draft
+from completion_engine.drafting.ngram_index import NO_MATCH, DocumentIndex, Match, match_in_context
+from completion_engine.sampling import Sampler
+from completion_engine.types import Draft
+
+
+class DocumentCorpus:
+    """Token sequences of the open documents, most recently updated last, with a cap on total tokens."""
+
+    def __init__(self, min_n: int, max_tokens: int = 2_000_000) -> None:
+        self.min_n = min_n
+        self.max_tokens = max_tokens
+        self._docs: OrderedDict[str, DocumentIndex] = OrderedDict()
+
+    def set_document(self, doc_id: str, tokens: Sequence[int]) -> None:
+        """Add or replace a document; it becomes the most recent. The oldest go when over the cap."""
+        self._docs.pop(doc_id, None)
+        self._docs[doc_id] = DocumentIndex(np.asarray(tokens, dtype=np.int64), self.min_n)
+        while self.total_tokens > self.max_tokens and len(self._docs) > 1:
+            self._docs.popitem(last=False)
+
+    def remove_document(self, doc_id: str) -> None:
+        self._docs.pop(doc_id, None)
+
+    def __contains__(self, doc_id: str) -> bool:
+        return doc_id in self._docs
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(len(d.tokens) for d in self._docs.values())
+
+    def most_recent_first(self) -> list[DocumentIndex]:
+        return list(reversed(self._docs.values()))
+
+
+def find_draft(
+    context: np.ndarray, corpus: DocumentCorpus | None, min_n: int, max_n: int, k: int
+) -> tuple[Match, np.ndarray]:
+    """Longest match over the context (most recent) then the documents (most recent first); ties keep the first."""
+    best, source = match_in_context(context, min_n, max_n), context
+    if corpus is not None and best.length < max_n:
+        tail = context[-max_n:]
+        for doc in corpus.most_recent_first():
+            found = doc.find(tail, max_n)
+            if found.length > best.length:
+                best, source = found, doc.tokens
+                if best.length >= max_n:
+                    break
+    if best is NO_MATCH or best.length == 0:
+        return NO_MATCH, source[:0]
+    if source is context:
+        return best, continue_periodically(context, best.end, k)
+    return best, source[best.end + 1 : best.end + 1 + k]
+
+
+def continue_periodically(context: np.ndarray, end: int, k: int) -> np.ndarray:
+    """The k tokens after context[end], reading on into the draft itself past the context's end.
+
+    A match d tokens back predicts that the text repeats with period d: [a, b, a, b, a] matched at
+    index 3 (period 2) continues [b, a, b, ...] rather than stopping after the one known token.
+    """
+    period = len(context) - 1 - end
+    start = end + 1
+    known = context[start:]
+    reps = -(-k // period) if period > 0 else 1
+    return np.tile(known, reps)[:k] if len(known) else known
+
+
+class NgramDrafter:
+    source = "ngram"
+
+    def __init__(self, corpus: DocumentCorpus | None, min_n: int = 2, max_n: int = 8) -> None:
+        self.corpus = corpus
+        self.min_n = min_n
+        self.max_n = max_n
+
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
+        if k <= 0:
+            return empty_draft(self.source)
+        ctx = np.asarray(context[-4096:] if len(context) > 4096 else context, dtype=np.int64)
+        match, tokens = find_draft(ctx, self.corpus, self.min_n, self.max_n, k)
+        if match.length == 0:
+            return empty_draft(self.source)
+        return Draft(tokens=tokens.tolist(), probs=None, source=self.source, match_len=match.length)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        pass  # drafts are free to make; the full k is always worth verifying

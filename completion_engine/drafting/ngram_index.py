@@ -1,0 +1,101 @@
+"""Prompt lookup as pure functions over numpy token arrays, plus an index per document.
+
+The drafter looks for the longest earlier occurrence of the context's last tokens and proposes
+the tokens that followed it. Worked example (min_n=2, max_n=4, k=3):
+
+    sequence = [1, 2, 3, 4, 2, 3]          tail of the context = [..., 2, 3]
+    candidates ending in (2, 3): position 2 (the 3 after 1, 2) -- position 5 is the tail itself
+    match length at position 2: 2 tokens ([2, 3]); the 1 before it differs from the 4 before the tail
+    draft = sequence[3 : 3 + 3] = [4, 2, 3]
+
+A document index sorts the hashes of every min_n-gram once, so a lookup is a binary search plus a
+vectorised backward extension over the candidates, not a scan of every token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit constant; products wrap modulo 2**64
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    length: int  # how many tokens of the context tail matched (0: no match)
+    end: int  # index in the sequence of the last matched token
+
+
+NO_MATCH = Match(0, -1)
+
+
+def ngram_hashes(tokens: np.ndarray, n: int) -> np.ndarray:
+    """Hash of the n-gram ending at each index i >= n - 1: [len(tokens) - n + 1] uint64."""
+    if len(tokens) < n:
+        return np.empty(0, dtype=np.uint64)
+    t = tokens.astype(np.uint64)
+    h = np.zeros(len(tokens) - n + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(n):
+            h = h * _HASH_BASE + t[j : len(tokens) - n + 1 + j]
+    return h
+
+
+def extend_backwards(sequence: np.ndarray, ends: np.ndarray, tail: np.ndarray, max_n: int) -> np.ndarray:
+    """For each candidate end index, how many tokens (<= max_n) before and at it equal the tail's last ones."""
+    lengths = np.zeros(len(ends), dtype=np.int64)
+    alive = np.ones(len(ends), dtype=bool)
+    for j in range(min(max_n, len(tail))):
+        idx = ends - j
+        ok = alive & (idx >= 0)
+        ok[ok] &= sequence[idx[ok]] == tail[-1 - j]
+        lengths += ok
+        alive = ok
+        if not alive.any():
+            break
+    return lengths
+
+
+def best_match(sequence: np.ndarray, ends: np.ndarray, tail: np.ndarray, min_n: int, max_n: int) -> Match:
+    """Among candidate ends, the longest match of at least min_n tokens; ties go to the latest end."""
+    if len(ends) == 0:
+        return NO_MATCH
+    lengths = extend_backwards(sequence, ends, tail, max_n)
+    longest = int(lengths.max())
+    if longest < min_n:
+        return NO_MATCH
+    return Match(longest, int(ends[lengths == longest].max()))
+
+
+def match_in_context(context: np.ndarray, min_n: int, max_n: int) -> Match:
+    """Longest earlier occurrence of the context's own tail (the tail itself excluded)."""
+    if len(context) <= min_n:
+        return NO_MATCH
+    tail = context[-max_n:]
+    body = context[:-1]  # an end at the last index would be the tail itself
+    candidates = np.flatnonzero(body == tail[-1])
+    candidates = candidates[candidates >= min_n - 1]
+    return best_match(context, candidates, tail, min_n, max_n)
+
+
+class DocumentIndex:
+    """The sorted min_n-gram hashes of one document, built once per version of its text."""
+
+    def __init__(self, tokens: np.ndarray, min_n: int) -> None:
+        self.tokens = tokens
+        self.min_n = min_n
+        hashes = ngram_hashes(tokens, min_n)
+        order = np.argsort(hashes, kind="stable")  # stable: equal hashes keep ascending positions
+        self.sorted_hashes = hashes[order]
+        self.sorted_ends = order.astype(np.int64) + (min_n - 1)
+
+    def find(self, tail: np.ndarray, max_n: int) -> Match:
+        if len(tail) < self.min_n:
+            return NO_MATCH
+        key = ngram_hashes(tail[-self.min_n :], self.min_n)[0]
+        lo = np.searchsorted(self.sorted_hashes, key, side="left")
+        hi = np.searchsorted(self.sorted_hashes, key, side="right")
+        ends = self.sorted_ends[lo:hi]
+        ends = ends[ends < len(self.tokens) - 1]  # a draft needs at least one following token
+        return best_match(self.tokens, ends, tail, self.min_n, max_n)

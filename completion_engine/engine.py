@@ -1,0 +1,267 @@
+"""The speculative loop: draft -> verify -> accept -> stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from completion_engine.config import EngineConfig
+from completion_engine.drafting import DocumentCorpus, Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from completion_engine.kv import common_prefix_len
+from completion_engine.models import LoadedModel, check_compatible
+from completion_engine.runner import ROW_BUCKET, DecoderRunner
+from completion_engine.sampling import Sampler
+from completion_engine.types import Chunk, Request, Stats
+from completion_engine.verify import greedy_accept, rejection_sample
+
+StopCheck = Callable[[str], "int | None"]  # completion so far -> None (go on) or chars to keep (stop)
+
+GENERATION_ROOM = 512  # cache positions kept free beyond max_context for generated and drafted tokens
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Mutable state of one generation."""
+
+    tokens: list[int] = field(default_factory=list)  # generated tokens kept so far
+    emitted: str = ""  # text already streamed
+    text: str = ""  # the completion so far, after stop strings and the stop check cut it
+    done: bool = False
+
+
+class Generation:
+    """Iterate for chunks; afterwards `text` and `stats` hold the result."""
+
+    def __init__(self, chunks: Iterator[Chunk], stats: Stats, progress: _Progress) -> None:
+        self._chunks = chunks
+        self._progress = progress
+        self.stats = stats
+
+    @property
+    def text(self) -> str:
+        """The completion (final once iteration ends). A stop string may cut text already streamed."""
+        return self._progress.text
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._progress.tokens
+
+    def __iter__(self) -> Iterator[Chunk]:
+        yield from self._chunks
+
+    def run(self) -> Generation:
+        """Consume every chunk; return self."""
+        for _ in self:
+            pass
+        return self
+
+
+class CompletionEngine:
+    """Owns the target (and optional draft) model with their KV caches and the open-document corpus.
+
+    Not thread-safe: one thread runs generations (the language server has one model worker).
+    """
+
+    def __init__(self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | None = None) -> None:
+        if config.exact and config.max_draft > ROW_BUCKET - 1:
+            raise ValueError(f"max_draft is at most {ROW_BUCKET - 1} in exact mode (one verify block)")
+        self.config = config
+        self.target = target
+        self.draft = draft
+        capacity = config.max_context + GENERATION_ROOM
+        self.target_runner = DecoderRunner(target.weights, exact=config.exact, capacity=capacity)
+        self.corpus = DocumentCorpus(config.ngram_min)
+        self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
+        self._model_drafter: ModelDrafter | None = None
+        if draft is not None:
+            check_compatible(target, draft)
+            draft_runner = DecoderRunner(draft.weights, exact=False, capacity=capacity)
+            self._model_drafter = ModelDrafter(draft_runner, config.draft_min_prob, config.max_draft)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, progress: bool = True) -> CompletionEngine:
+        from completion_engine.models import load_model
+
+        target = load_model(config.target, config.device, config.dtype, progress=progress)
+        draft = load_model(config.draft_model, config.device, config.dtype, progress=progress) if config.draft_model else None
+        return cls(config, target, draft)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.target.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.target.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def set_document(self, doc_id: str, text: str) -> None:
+        """Add or replace an open document in the n-gram corpus."""
+        self.corpus.set_document(doc_id, self.encode(text))
+
+    def remove_document(self, doc_id: str) -> None:
+        self.corpus.remove_document(doc_id)
+
+    def drafter_for(self, method: str) -> Drafter | None:
+        if method == "none":
+            return None
+        if method == "ngram":
+            return self._ngram
+        if self._model_drafter is None:
+            raise ValueError(f"draft method {method!r} needs a draft model (--draft-model)")
+        if method == "model":
+            return self._model_drafter
+        return HybridDrafter(self._ngram, self._model_drafter, self.config.hybrid_min_match)
+
+    def stream(
+        self, request: Request, cancel: threading.Event | None = None, stop_check: StopCheck | None = None
+    ) -> Generation:
+        drafter = self.drafter_for(request.draft)  # raise on a bad method before anything streams
+        stats, progress = Stats(), _Progress()
+        return Generation(self._generate(request, drafter, stats, progress, cancel, stop_check), stats, progress)
+
+    def complete(self, request: Request, stop_check: StopCheck | None = None) -> Generation:
+        return self.stream(request, stop_check=stop_check).run()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _generate(
+        self,
+        request: Request,
+        drafter: Drafter | None,
+        stats: Stats,
+        progress: _Progress,
+        cancel: threading.Event | None,
+        stop_check: StopCheck | None,
+    ) -> Iterator[Chunk]:
+        started = time.perf_counter()
+        runner = self.target_runner
+        forwards_before = runner.forwards
+        context = self._fit_context(list(request.context))
+        budget = min(request.max_new_tokens, runner.capacity - len(context) - ROW_BUCKET)
+        sampler = Sampler.seeded(request.temperature, request.top_p, request.seed) if request.temperature > 0 else None
+        try:
+            if budget <= 0:
+                stats.stop_reason = "length"
+                return
+            logits = self._prefill(context, stats)
+            stats.prefill_s = time.perf_counter() - started
+            pending = self._choose(logits[0], sampler)
+            chunk = self._accept(request, [pending], "none", 0, progress, stats, budget, stop_check)
+            stats.ttft_s = time.perf_counter() - started
+            if chunk is not None:
+                yield chunk
+            while not progress.done:
+                if cancel is not None and cancel.is_set():
+                    stats.stop_reason = "cancelled"
+                    break
+                k = min(self.config.max_draft, budget - len(progress.tokens) - 1)
+                draft = drafter.propose(context + progress.tokens, k, sampler) if drafter and k > 0 else None
+                drafted = draft.tokens if draft else []
+                source = draft.source if draft and drafted else "none"
+                base = len(runner)
+                target_logits = runner.extend([pending, *drafted], all_logits=True)  # [1 + n, vocab]
+                if sampler is None:
+                    accepted, pending = greedy_accept(drafted, target_logits)
+                else:
+                    probs = sampler.probs(target_logits)
+                    accepted, pending = rejection_sample(drafted, draft.probs if draft else None, probs, sampler)
+                runner.truncate(base + 1 + accepted)  # keep [pending, accepted drafts]: the rest was rejected
+                self._record_step(stats, source, len(drafted), accepted)
+                if drafter is not None and drafted:
+                    drafter.observe(len(drafted), accepted)
+                chunk = self._accept(
+                    request, [*drafted[:accepted], pending], source, accepted, progress, stats, budget, stop_check
+                )
+                if chunk is not None:
+                    yield chunk
+        finally:
+            stats.target_forwards = runner.forwards - forwards_before
+            stats.tokens = len(progress.tokens)
+            stats.wall_s = time.perf_counter() - started
+
+    def _fit_context(self, context: list[int]) -> list[int]:
+        if not context:
+            bos = self.target.tokenizer.bos_token_id
+            if bos is None:
+                raise ValueError("empty context and the tokenizer has no BOS token to start from")
+            context = [bos]
+        return context[-self.config.max_context :]
+
+    def _prefill(self, context: list[int], stats: Stats) -> torch.Tensor:
+        """Reuse the cached prefix, compute the rest; return the logits after the last context token."""
+        runner = self.target_runner
+        keep = min(common_prefix_len(runner.token_ids, context), len(context) - 1)
+        runner.truncate(keep)
+        stats.prefill_tokens = len(context) - keep
+        return runner.extend(context[keep:])
+
+    def _choose(self, logits: torch.Tensor, sampler: Sampler | None) -> int:
+        if sampler is None:
+            return int(logits.argmax())
+        return sampler.sample(sampler.probs(logits))
+
+    @staticmethod
+    def _record_step(stats: Stats, source: str, drafted: int, accepted: int) -> None:
+        if drafted:
+            s = stats.source(source)
+            s.drafted += drafted
+            s.accepted += accepted
+            s.steps += 1
+        stats.accepted_hist[accepted] = stats.accepted_hist.get(accepted, 0) + 1
+
+    def _accept(
+        self,
+        request: Request,
+        new_tokens: list[int],
+        source: str,
+        accepted: int,
+        progress: _Progress,
+        stats: Stats,
+        budget: int,
+        stop_check: StopCheck | None,
+    ) -> Chunk | None:
+        """Add a step's tokens; apply EOS, length, stop strings and the stop check; return the text delta."""
+        kept: list[int] = []
+        for token in new_tokens:
+            if token in self.target.eos_token_ids:
+                progress.done, stats.stop_reason = True, "eos"
+                break
+            kept.append(token)
+            if len(progress.tokens) + len(kept) >= budget:
+                progress.done, stats.stop_reason = True, "length"
+                break
+        progress.tokens.extend(kept)
+        text = self.decode(progress.tokens)
+        cut = _first_stop(text, request.stop)
+        if cut is not None:
+            text, progress.done, stats.stop_reason = text[:cut], True, "stop"
+        elif stop_check is not None:
+            keep = stop_check(text)
+            if keep is not None:
+                if not progress.done:
+                    stats.forwards_saved_by_stop = _forwards_for(budget - len(progress.tokens), stats)
+                text, progress.done, stats.stop_reason = text[:keep], True, "syntax"
+        progress.text = text
+        visible = text if progress.done else text.rstrip("\ufffd")  # hold back a half-decoded character
+        delta = visible[len(progress.emitted) :] if visible.startswith(progress.emitted) else ""
+        progress.emitted += delta
+        if not delta and not kept:
+            return None
+        return Chunk(text=delta, tokens=kept, source=source, accepted=min(accepted, len(kept)))
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None
+
+
+def _forwards_for(tokens: int, stats: Stats) -> int:
+    """Target forwards that `tokens` more tokens would have cost at this request's mean accepted length."""
+    per_forward = stats.mean_accepted_len or 1.0
+    return int(-(-tokens // per_forward)) if tokens > 0 else 0

@@ -1,0 +1,146 @@
+"""Load target and draft models: the embedded default, a local folder, a .gguf file or a hub id."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from completion_engine.embedded import EMBEDDED_NAME, converted_gguf_folder, ensure_embedded
+from completion_engine.runner import DecoderWeights
+from completion_engine.weights import UnsupportedArchitecture, check_supported, decoder_weights_from_hf
+
+TINY_NAME = "tiny-random"  # a 2-layer random model with a small BPE tokenizer, for tests and demos
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message says what to do instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    name: str
+    weights: DecoderWeights
+    tokenizer: object  # a transformers PreTrainedTokenizerBase
+    eos_token_ids: frozenset[int]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.weights.shape.vocab
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16  # fastest here on CPU for the 135M model; the usual choice on GPUs
+    try:
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose auto, bfloat16, float16 or float32") from None
+
+
+def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: bool = True) -> LoadedModel:
+    """spec: "smollm2-135m", "tiny-random", a model folder, a .gguf file, or a Hugging Face hub id."""
+    folder = resolve_source(spec, progress)
+    return load_folder(spec, folder, resolve_device(device), resolve_dtype(dtype))
+
+
+def resolve_source(spec: str, progress: bool) -> Path | str:
+    """A local folder to load from, or the hub id itself."""
+    if spec == EMBEDDED_NAME:
+        return ensure_embedded(progress)
+    if spec == TINY_NAME:
+        from completion_engine.tiny import ensure_tiny
+
+        return ensure_tiny()
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        return converted_gguf_folder(path, progress)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"{path} is a folder but has no config.json: not a Hugging Face model folder")
+        return path
+    if path.exists():
+        raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
+    if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
+        return spec
+    raise ModelLoadError(
+        f"model not found: {spec!r} is not {EMBEDDED_NAME!r}, an existing folder, a .gguf file or a hub id (org/name)"
+    )
+
+
+def load_folder(name: str, source: Path | str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    is_hub = isinstance(source, str)
+    try:
+        config = AutoConfig.from_pretrained(source)
+        check_causal_lm(name, config)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except (ModelLoadError, UnsupportedArchitecture):
+        raise
+    except (OSError, ValueError) as error:
+        if is_hub:
+            raise ModelLoadError(
+                f"could not load {name!r} from the Hugging Face hub ({type(error).__name__}: {first_line(error)}). "
+                "If this machine is offline, pass a local model folder or .gguf file instead, e.g. "
+                "--target /models/my-coder or --target model.Q4_K_M.gguf"
+            ) from error
+        raise ModelLoadError(f"could not load model from {source}: {first_line(error)}") from error
+    weights = decoder_weights_from_hf(model, dtype, device)
+    del model
+    return LoadedModel(name=name, weights=weights, tokenizer=tokenizer, eos_token_ids=eos_ids(config, tokenizer, source))
+
+
+def check_causal_lm(name: str, config) -> None:
+    architectures = getattr(config, "architectures", None) or []
+    if not any(a.endswith("ForCausalLM") for a in architectures):
+        raise ModelLoadError(
+            f"{name!r} is not a causal language model (architectures: {', '.join(architectures) or 'none'})"
+        )
+    check_supported(config)
+
+
+def eos_ids(config, tokenizer, source: Path | str) -> frozenset[int]:
+    ids: set[int] = set()
+    for value in (getattr(config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    try:
+        from transformers import GenerationConfig
+
+        generation = GenerationConfig.from_pretrained(source)
+        value = generation.eos_token_id
+        ids.update([value] if isinstance(value, int) else list(value or []))
+    except OSError:
+        pass
+    return frozenset(ids)
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Draft and target must share a vocabulary: the target verifies the draft's token ids."""
+    target_vocab, draft_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        raise ModelLoadError(
+            f"draft model {draft.name!r} does not share the target's tokenizer: target {target.name!r} has "
+            f"{len(target_vocab)} tokens (embedding {target.vocab_size}), draft has {len(draft_vocab)} "
+            f"(embedding {draft.vocab_size})"
+        )
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,128 @@
+"""Data that crosses module boundaries: requests in, drafts and chunks through, stats out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch stays out of the import path of anything that only needs the types
+    import torch
+
+DRAFT_METHODS = ("none", "ngram", "model", "hybrid")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One completion: the token context and how to continue it."""
+
+    context: Sequence[int]  # token ids of everything before the cursor
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()  # generation ends before the first of these strings
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    seed: int = 0
+    draft: str = "ngram"  # one of DRAFT_METHODS
+
+    def __post_init__(self) -> None:
+        if self.draft not in DRAFT_METHODS:
+            raise ValueError(f"unknown draft method {self.draft!r}; choose one of {', '.join(DRAFT_METHODS)}")
+        if self.max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """Tokens a drafter proposes to come next."""
+
+    tokens: list[int]  # [n <= k]; empty, never None
+    probs: torch.Tensor | None  # [n, vocab] draft distribution q; None for point-mass (n-gram) drafts
+    source: str  # "ngram" | "model"
+    match_len: int = 0  # n-gram drafts: how many context tokens the match covered
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Text accepted in one verify step, streamed to the caller."""
+
+    text: str  # the new text since the previous chunk
+    tokens: list[int]  # the tokens accepted in this step
+    source: str  # draft source of this step: "ngram" | "model" | "none"
+    accepted: int  # how many of this step's tokens came from the draft
+
+
+@dataclass(slots=True)
+class SourceStats:
+    drafted: int = 0  # tokens proposed by this source
+    accepted: int = 0  # of them, tokens the target agreed with
+    steps: int = 0  # verify steps that used this source
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters for one request; the engine fills them in while streaming."""
+
+    tokens: int = 0  # tokens generated (after stop-string truncation)
+    target_forwards: int = 0  # target forward passes, prefill included
+    prefill_tokens: int = 0  # context tokens the target had to compute (not reused from its KV cache)
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0  # time to the first streamed text
+    wall_s: float = 0.0
+    by_source: dict[str, SourceStats] = field(default_factory=dict)
+    accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted draft length -> verify steps
+    stop_reason: str = ""  # "length" | "eos" | "stop" | "syntax" | "cancelled"
+    forwards_saved_by_stop: int = 0  # estimated target forwards an early (syntax) stop avoided
+
+    @property
+    def drafted(self) -> int:
+        return sum(s.drafted for s in self.by_source.values())
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.accepted for s in self.by_source.values())
+
+    @property
+    def decode_s(self) -> float:
+        return max(self.wall_s - self.prefill_s, 0.0)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def mean_accepted_len(self) -> float:
+        """Mean tokens produced per verify step (accepted draft tokens plus the target's own token)."""
+        steps = sum(self.accepted_hist.values())
+        return (self.accepted + steps) / steps if steps else 0.0
+
+    def source(self, name: str) -> SourceStats:
+        return self.by_source.setdefault(name, SourceStats())
+
+    def as_dict(self) -> dict:
+        return {
+            "tokens": self.tokens,
+            "target_forwards": self.target_forwards,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_s": round(self.prefill_s, 4),
+            "ttft_s": round(self.ttft_s, 4),
+            "wall_s": round(self.wall_s, 4),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            "mean_accepted_len": round(self.mean_accepted_len, 3),
+            "stop_reason": self.stop_reason,
+            "forwards_saved_by_stop": self.forwards_saved_by_stop,
+            "by_source": {
+                name: {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
+                for name, s in sorted(self.by_source.items())
+            },
+            "accepted_hist": {str(k): v for k, v in sorted(self.accepted_hist.items())},
+        }
