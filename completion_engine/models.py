@@ -68,14 +68,17 @@ def resolve_source(spec: str, progress: bool) -> Path | str:
         return converted_gguf_folder(path, progress)
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise ModelLoadError(f"{path} is a folder but has no config.json: not a Hugging Face model folder")
+            raise ModelLoadError(
+                f"{path} is a folder but has no config.json: not a Hugging Face model folder"
+            )
         return path
     if path.exists():
         raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
     if _HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
         return spec
     raise ModelLoadError(
-        f"model not found: {spec!r} is not {EMBEDDED_NAME!r}, an existing folder, a .gguf file or a hub id (org/name)"
+        f"model not found: {spec!r} is not {EMBEDDED_NAME!r}, an existing folder, "
+        "a .gguf file or a hub id (org/name)"
     )
 
 
@@ -93,14 +96,17 @@ def load_folder(name: str, source: Path | str, device: torch.device, dtype: torc
     except (OSError, ValueError) as error:
         if is_hub:
             raise ModelLoadError(
-                f"could not load {name!r} from the Hugging Face hub ({type(error).__name__}: {first_line(error)}). "
+                f"could not load {name!r} from the Hugging Face hub "
+                f"({type(error).__name__}: {first_line(error)}). "
                 "If this machine is offline, pass a local model folder or .gguf file instead, e.g. "
                 "--target /models/my-coder or --target model.Q4_K_M.gguf"
             ) from error
         raise ModelLoadError(f"could not load model from {source}: {first_line(error)}") from error
     weights = decoder_weights_from_hf(model, dtype, device)
     del model
-    return LoadedModel(name=name, weights=weights, tokenizer=tokenizer, eos_token_ids=eos_ids(config, tokenizer, source))
+    return LoadedModel(
+        name=name, weights=weights, tokenizer=tokenizer, eos_token_ids=eos_ids(config, tokenizer, source)
+    )
 
 
 def check_causal_lm(name: str, config) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from completion_engine.kv import KEY_BUCKET, KVCache, round_up
+from completion_engine.kv import KEY_BUCKET, KVCache
 
 ROW_BUCKET = 16  # rows per forward in exact mode: a verify block holds at most this many tokens
 
@@ -90,7 +90,9 @@ class DecoderRunner:
         self.device = weights.embed.device
         s = self.shape
         capacity = min(capacity, s.max_positions) if s.max_positions > 0 else capacity
-        self.cache = KVCache(s.n_layers, s.n_kv_heads, s.head_dim, capacity + ROW_BUCKET, self.dtype, self.device)
+        self.cache = KVCache(
+            s.n_layers, s.n_kv_heads, s.head_dim, capacity + ROW_BUCKET, self.dtype, self.device
+        )
         positions = torch.arange(self.cache.capacity, dtype=torch.float32, device=self.device)
         freqs = torch.outer(positions, weights.inv_freq.to(self.device))
         emb = torch.cat((freqs, freqs), dim=-1)  # [capacity, head_dim]
@@ -121,7 +123,9 @@ class DecoderRunner:
         if not tokens:
             raise ValueError("extend needs at least one token")
         if len(self.cache) + len(tokens) > self.capacity:
-            raise ValueError(f"context of {len(self.cache) + len(tokens)} tokens exceeds capacity {self.capacity}")
+            raise ValueError(
+                f"context of {len(self.cache) + len(tokens)} tokens exceeds capacity {self.capacity}"
+            )
         step = ROW_BUCKET if self.exact else len(tokens)
         logits = []
         for begin in range(0, len(tokens), step):
@@ -164,7 +168,12 @@ class DecoderRunner:
             k = k.view(rows, s.n_kv_heads, s.head_dim)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            self.cache.write(index, start, k[:n].transpose(0, 1), v.view(rows, s.n_kv_heads, s.head_dim)[:n].transpose(0, 1))
+            self.cache.write(
+                index,
+                start,
+                k[:n].transpose(0, 1),
+                v.view(rows, s.n_kv_heads, s.head_dim)[:n].transpose(0, 1),
+            )
             attn = self._attention(index, q, start, n)  # [rows, n_heads * head_dim]
             x = x + F.linear(attn, layer.out)
             h = rms_norm(x, layer.post_norm, s.rms_eps)
@@ -181,7 +190,10 @@ class DecoderRunner:
         keys = self.cache.keys[layer, :, :length]  # [kv_head, length, head_dim]
         values = self.cache.values[layer, :, :length]
         # row i sits at position start + i and sees keys 0 .. start + i
-        visible = torch.arange(length, device=self.device)[None, :] <= torch.arange(start, length, device=self.device)[:, None]
+        visible = (
+            torch.arange(length, device=self.device)[None, :]
+            <= torch.arange(start, length, device=self.device)[:, None]
+        )
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], keys[None], values[None], attn_mask=visible, enable_gqa=s.group > 1
         )  # [1, n_heads, n, head_dim]
@@ -203,8 +215,12 @@ class DecoderRunner:
             padded = bucket * KEY_BUCKET
             keys = self.cache.keys[layer, :, :padded]  # [kv_head, padded, head_dim]
             values = self.cache.values[layer, :, :padded]
-            scores = torch.matmul(q_grouped, keys.transpose(1, 2)).float() * scale  # [kv_head, group * rows, padded]
-            hidden_keys = torch.arange(padded, device=self.device)[None, :] >= lengths[:, None]  # [rows, padded]
+            scores = (
+                torch.matmul(q_grouped, keys.transpose(1, 2)).float() * scale
+            )  # [kv_head, group * rows, padded]
+            hidden_keys = (
+                torch.arange(padded, device=self.device)[None, :] >= lengths[:, None]
+            )  # [rows, padded]
             scores = scores.view(s.n_kv_heads, s.group, rows, padded).masked_fill(hidden_keys, float("-inf"))
             probs = torch.softmax(scores, dim=-1).to(self.dtype).view(s.n_kv_heads, s.group * rows, padded)
             bucket_out = torch.matmul(probs, values)  # [kv_head, group * rows, head_dim]

@@ -48,7 +48,7 @@ class DocumentCorpus:
 def find_draft(
     context: np.ndarray, corpus: DocumentCorpus | None, min_n: int, max_n: int, k: int
 ) -> tuple[Match, np.ndarray]:
-    """Longest match over the context (most recent) then the documents (most recent first); ties keep the first."""
+    """Longest match over the context, then the documents, most recent first; a tie keeps the earlier find."""
     best, source = match_in_context(context, min_n, max_n), context
     if corpus is not None and best.length < max_n:
         tail = context[-max_n:]

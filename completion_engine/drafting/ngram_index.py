@@ -43,7 +43,7 @@ def ngram_hashes(tokens: np.ndarray, n: int) -> np.ndarray:
 
 
 def extend_backwards(sequence: np.ndarray, ends: np.ndarray, tail: np.ndarray, max_n: int) -> np.ndarray:
-    """For each candidate end index, how many tokens (<= max_n) before and at it equal the tail's last ones."""
+    """For each candidate end index: how many tokens up to it (at most max_n) equal the tail's last ones."""
     lengths = np.zeros(len(ends), dtype=np.int64)
     alive = np.ones(len(ends), dtype=bool)
     for j in range(min(max_n, len(tail))):

@@ -1,0 +1,189 @@
+"""`spec-complete`: complete a file at a position, serve editors, evaluate, benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from completion_engine.config import DEFAULT_TARGET, EngineConfig
+from completion_engine.types import DRAFT_METHODS
+
+
+class UsageError(Exception):
+    """Bad input from the command line: printed as one line, exit code 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class CursorContext:
+    prefix: str  # text before the cursor
+    suffix: str  # text after it
+
+
+def split_at(text: str, line: int, col: int) -> CursorContext:
+    """Split text at a 0-based (line, column) position, as LSP counts them (columns in characters here)."""
+    lines = text.split("\n")
+    if not 0 <= line < len(lines):
+        raise UsageError(f"line {line} is out of range: the file has {len(lines)} lines (0-based)")
+    if not 0 <= col <= len(lines[line]):
+        raise UsageError(
+            f"column {col} is out of range: line {line} has {len(lines[line])} characters (0-based)"
+        )
+    offset = sum(len(x) + 1 for x in lines[:line]) + col
+    return CursorContext(text[:offset], text[offset:])
+
+
+def read_source(path: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"file not found: {path}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text") from None
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target", default=DEFAULT_TARGET, help="model: smollm2-135m, a folder, a .gguf file or hub id"
+    )
+    parser.add_argument(
+        "--draft-model", default=None, help="small draft model (same forms), for --draft model|hybrid"
+    )
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bfloat16 | float16 | float32")
+    parser.add_argument(
+        "--inexact",
+        action="store_true",
+        help="faster unpadded forward; output may differ from plain decoding",
+    )
+    parser.add_argument("--max-draft", type=int, default=10, help="tokens drafted per verify step (<= 15)")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        target=args.target,
+        draft_model=args.draft_model,
+        device=args.device,
+        dtype=args.dtype,
+        exact=not args.inexact,
+        max_draft=args.max_draft,
+    )
+
+
+def add_complete_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the file to complete")
+    parser.add_argument("--line", type=int, required=True, help="0-based line of the cursor")
+    parser.add_argument("--col", type=int, required=True, help="0-based column of the cursor")
+    parser.add_argument(
+        "--open", action="append", default=[], metavar="OTHER_FILE", help="another open file (n-gram)"
+    )
+    parser.add_argument("--draft", default="ngram", help=f"draft method: {' | '.join(DRAFT_METHODS)}")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-syntax", action="store_true", help="show the raw model output, no syntax checks"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+    add_engine_arguments(parser)
+
+
+def run_complete(args: argparse.Namespace) -> int:
+    from completion_engine.completion import complete_file
+
+    if args.draft not in DRAFT_METHODS:
+        raise UsageError(f"unknown draft method {args.draft!r}; choose one of {', '.join(DRAFT_METHODS)}")
+    if args.draft in ("model", "hybrid") and not args.draft_model:
+        raise UsageError(f"--draft {args.draft} needs --draft-model")
+    text = read_source(args.file)
+    cursor = split_at(text, args.line, args.col)
+    others = {path: read_source(path) for path in args.open}
+    on_text = None if args.json else (lambda delta: print(delta, end="", flush=True))
+    result = complete_file(engine_config(args), args, args.file, text, cursor, others, on_text)
+    if args.json:
+        print(json.dumps({"text": result.text, **result.stats.as_dict()}))
+    else:
+        if result.text != result.streamed:
+            print(f"\n--- final text (after syntax/stop checks) ---\n{result.text}", end="")
+        print("\n---")
+        print(format_stats(result.stats.as_dict()))
+    return 0
+
+
+def format_stats(stats: dict) -> str:
+    decode_s = stats["wall_s"] - stats["prefill_s"]
+    lines = [
+        f"tokens {stats['tokens']}  target forwards {stats['target_forwards']}  "
+        f"drafted {stats['drafted']}  accepted {stats['accepted']}  "
+        f"mean accepted length {stats['mean_accepted_len']}",
+        f"prefill {stats['prefill_tokens']} tokens in {stats['prefill_s']:.3f} s  "
+        f"ttft {stats['ttft_s']:.3f} s  "
+        f"decode {decode_s:.3f} s ({stats['decode_tokens_per_s']} tok/s)  wall {stats['wall_s']:.3f} s  "
+        f"stop: {stats['stop_reason']}",
+    ]
+    for name, s in stats["by_source"].items():
+        rate = s["accepted"] / s["drafted"] if s["drafted"] else 0.0
+        lines.append(
+            f"  {name}: drafted {s['drafted']}  accepted {s['accepted']} ({rate:.0%})  steps {s['steps']}"
+        )
+    return "\n".join(lines)
+
+
+Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
+
+
+def commands() -> dict[str, Command]:
+    table: dict[str, Command] = {
+        "complete": (add_complete_arguments, run_complete, "complete a file at a position")
+    }
+    try:
+        from lsp_server.cli import add_serve_arguments, run_serve
+
+        table["serve"] = (add_serve_arguments, run_serve, "serve completions over LSP (stdio or WebSocket)")
+    except ImportError:
+        pass
+    try:
+        from eval.cli import add_bench_arguments, add_eval_arguments, run_bench, run_eval
+
+        table["eval"] = (add_eval_arguments, run_eval, "offline evaluation: humaneval | repo")
+        table["bench"] = (add_bench_arguments, run_bench, "speed benchmark of the draft methods")
+    except ImportError:
+        pass
+    try:
+        from eval.train_draft import add_train_arguments, run_train
+
+        table["train-draft"] = (add_train_arguments, run_train, "distil a small draft model from the target")
+    except ImportError:
+        pass
+    return table
+
+
+def build_parser(table: dict[str, Command]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spec-complete", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (add_arguments, _, help_text) in table.items():
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from completion_engine.models import ModelLoadError
+
+    table = commands()
+    args = build_parser(table).parse_args(argv)
+    try:
+        return table[args.command][1](args)
+    except (UsageError, ModelLoadError) as error:
+        print(f"spec-complete: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny random Llama models built in-process with fixed seeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from completion_engine.models import LoadedModel
+from completion_engine.tiny import build_model, build_tokenizer
+from completion_engine.weights import decoder_weights_from_hf
+
+torch.set_num_threads(1)  # tiny models: one thread avoids OpenMP spin-waits when cores are shared
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return build_tokenizer()
+
+
+def tiny_loaded(
+    tokenizer,
+    seed: int,
+    dtype: torch.dtype = torch.bfloat16,
+    layers: int = 2,
+    hidden: int = 64,
+    spread: float = 0.3,
+    noise: float = 0.0,
+) -> LoadedModel:
+    """A random model whose greedy output varies (weights drawn wider than the default 0.02).
+
+    noise > 0 perturbs every weight: a draft that agrees with the seed's model most of the time.
+    """
+    model = build_model(len(tokenizer), seed=seed, layers=layers, hidden=hidden)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(seed)
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * spread)
+        if noise:
+            perturb = torch.Generator().manual_seed(seed + 1000)
+            for param in model.parameters():
+                param.add_(torch.randn(param.shape, generator=perturb) * noise)
+    weights = decoder_weights_from_hf(model, dtype, torch.device("cpu"))
+    # no end-of-sequence token: every run goes to max_new_tokens (test_eos_inside_a_draft sets its own)
+    return LoadedModel(f"tiny-{seed}", weights, tokenizer, frozenset())
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_tokenizer) -> LoadedModel:
+    return tiny_loaded(tiny_tokenizer, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_tokenizer) -> LoadedModel:
+    """A different random model: its drafts are mostly rejected."""
+    return tiny_loaded(tiny_tokenizer, seed=2, layers=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_near_draft(tiny_tokenizer) -> LoadedModel:
+    """The target with noise added: its drafts are accepted often but not always."""
+    return tiny_loaded(tiny_tokenizer, seed=1, noise=0.03)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_fp32(tiny_tokenizer) -> LoadedModel:
+    return tiny_loaded(tiny_tokenizer, seed=1, dtype=torch.float32)

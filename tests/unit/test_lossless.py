@@ -1,0 +1,152 @@
+"""Speculative greedy output equals plain greedy output, token for token, for every drafter."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from completion_engine.config import EngineConfig
+from completion_engine.engine import CompletionEngine
+from completion_engine.models import LoadedModel
+from completion_engine.types import Draft, Request
+
+PROMPTS = 10
+
+
+def random_prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        body = [rng.randrange(2, vocab) for _ in range(rng.randrange(3, 40))]
+        # repeat a slice so n-gram drafting has something to find
+        if len(body) > 8:
+            start = rng.randrange(0, len(body) - 6)
+            body += body[start : start + rng.randrange(3, 7)] + body[: rng.randrange(2, 10)]
+        prompts.append(body)
+    return prompts
+
+
+def corrupted(tokens: list[int], every: int) -> list[int]:
+    """A copy with every `every`-th token changed: n-gram drafts from it are partly right."""
+    return [(t + 1) % 500 if i % every == every - 1 else t for i, t in enumerate(tokens)]
+
+
+def engine_for(target: LoadedModel, draft: LoadedModel | None = None, k: int = 8, exact: bool = True):
+    config = EngineConfig(
+        target="test", max_draft=k, exact=exact, ngram_min=2, ngram_max=6, draft_min_prob=0.0
+    )
+    return CompletionEngine(config, target, draft)
+
+
+def plain(engine: CompletionEngine, prompt: list[int], max_new: int) -> list[int]:
+    return engine.complete(Request(context=prompt, max_new_tokens=max_new, draft="none")).tokens
+
+
+@pytest.mark.parametrize("k", [1, 4, 15])
+@pytest.mark.parametrize("method", ["ngram", "model", "hybrid"])
+def test_speculative_greedy_equals_plain(tiny_target, tiny_near_draft, method, k):
+    engine = engine_for(tiny_target, tiny_near_draft, k=k)
+    accepted_any = rejected_any = False
+    for i, prompt in enumerate(random_prompts(tiny_target.vocab_size, PROMPTS, seed=k)):
+        expected = plain(engine, prompt, 40)
+        engine.corpus.set_document("doc", prompt[-4:] + corrupted(expected, every=4 + i % 5))
+        generation = engine.complete(Request(context=prompt, max_new_tokens=40, draft=method))
+        assert generation.tokens == expected, f"{method} k={k} diverged on prompt {prompt}"
+        accepted_any |= generation.stats.accepted > 0
+        rejected_any |= generation.stats.accepted < generation.stats.drafted
+    assert accepted_any and rejected_any, "the cases should cover both acceptance and rejection"
+
+
+def test_ngram_with_documents_equals_plain(tiny_target):
+    engine = engine_for(tiny_target, k=10)
+    prompts = random_prompts(tiny_target.vocab_size, PROMPTS, seed=7)
+    for i, prompt in enumerate(prompts):
+        expected = plain(engine, prompt, 30)
+        # an open document holding the target's own continuation: drafts are accepted in full
+        engine.corpus.set_document(f"doc{i}", prompt[-6:] + expected)
+        generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft="ngram"))
+        assert generation.tokens == expected
+        assert generation.stats.accepted >= 10
+
+
+def test_identical_draft_is_fully_accepted(tiny_target_fp32):
+    # fp32: the draft runs unpadded (fast mode), and in bf16 that alone flips near-tied argmaxes
+    engine = engine_for(tiny_target_fp32, tiny_target_fp32, k=6)
+    for prompt in random_prompts(tiny_target_fp32.vocab_size, 4, seed=3):
+        expected = plain(engine, prompt, 30)
+        generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft="model"))
+        assert generation.tokens == expected
+        assert generation.stats.accepted == generation.stats.drafted > 0
+
+
+class WrongDrafter:
+    """Always proposes tokens the target does not choose: every draft is rejected at once."""
+
+    def __init__(self, engine: CompletionEngine) -> None:
+        self.engine = engine
+
+    def propose(self, context, k, sampler=None) -> Draft:
+        expected_next = plain(self.engine, list(context), 1)[0]
+        return Draft(tokens=[(expected_next + 1) % 500] * k, probs=None, source="ngram")
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        pass
+
+
+def test_full_rejection_equals_plain(tiny_target, monkeypatch):
+    engine = engine_for(tiny_target, k=5)
+    prompt = random_prompts(tiny_target.vocab_size, 1, seed=11)[0]
+    expected = plain(engine, prompt, 20)
+    checker = engine_for(tiny_target)
+    monkeypatch.setattr(engine, "drafter_for", lambda method: WrongDrafter(checker))
+    generation = engine.complete(Request(context=prompt, max_new_tokens=20, draft="ngram"))
+    assert generation.tokens == expected
+    assert generation.stats.accepted == 0 and generation.stats.drafted > 0
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7, 13])
+def test_max_new_tokens_inside_a_draft(tiny_target, max_new):
+    engine = engine_for(tiny_target, tiny_target, k=10)
+    prompt = random_prompts(tiny_target.vocab_size, 1, seed=5)[0]
+    expected = plain(engine, prompt, max_new)
+    assert len(expected) == max_new
+    generation = engine.complete(Request(context=prompt, max_new_tokens=max_new, draft="model"))
+    assert generation.tokens == expected
+    assert generation.stats.stop_reason == "length"
+
+
+def test_eos_inside_a_draft(tiny_target):
+    prompt = random_prompts(tiny_target.vocab_size, 1, seed=9)[0]
+    free_run = plain(engine_for(tiny_target), prompt, 20)
+    eos = free_run[6]  # pretend the 7th generated token is end-of-sequence
+    target = LoadedModel(tiny_target.name, tiny_target.weights, tiny_target.tokenizer, frozenset({eos}))
+    engine = engine_for(target, target, k=10)
+    expected = plain(engine, prompt, 20)
+    assert expected == free_run[: free_run.index(eos)]
+    generation = engine.complete(Request(context=prompt, max_new_tokens=20, draft="model"))
+    assert generation.tokens == expected
+    assert generation.stats.stop_reason == "eos"
+
+
+def test_prefix_reuse_gives_the_same_output(tiny_target):
+    engine = engine_for(tiny_target, k=8)
+    prompts = random_prompts(tiny_target.vocab_size, 4, seed=21)
+    cold = [
+        engine_for(tiny_target).complete(Request(context=p, max_new_tokens=25, draft="ngram")).tokens
+        for p in prompts
+    ]
+    base = prompts[0]
+    for prompt, expected in zip(prompts, cold, strict=True):
+        engine.complete(
+            Request(context=base + prompt[:3], max_new_tokens=10)
+        )  # leave a shared prefix in the cache
+        warm = engine.complete(Request(context=prompt, max_new_tokens=25, draft="ngram"))
+        assert warm.tokens == expected
+
+
+def test_fp32_is_lossless_too(tiny_target_fp32, tiny_tokenizer):
+    engine = engine_for(tiny_target_fp32, k=8)
+    for prompt in random_prompts(tiny_target_fp32.vocab_size, 5, seed=13):
+        expected = plain(engine, prompt, 30)
+        assert engine.complete(Request(context=prompt, max_new_tokens=30, draft="ngram")).tokens == expected

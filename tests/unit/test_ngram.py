@@ -1,0 +1,90 @@
+"""N-gram (prompt lookup) matching on short token arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from completion_engine.drafting.ngram import DocumentCorpus, NgramDrafter, continue_periodically, find_draft
+from completion_engine.drafting.ngram_index import DocumentIndex, match_in_context
+
+
+def arr(*tokens: int) -> np.ndarray:
+    return np.array(tokens, dtype=np.int64)
+
+
+def test_worked_example_from_the_docstring():
+    match, draft = find_draft(arr(1, 2, 3, 4, 2, 3), None, min_n=2, max_n=4, k=3)
+    assert (match.length, match.end) == (2, 2)
+    assert draft.tolist() == [4, 2, 3]
+
+
+def test_longest_match_wins_over_a_more_recent_shorter_one():
+    #               v longest (3 tokens: 7 2 3) ... v more recent but shorter (2 3)
+    context = arr(7, 2, 3, 50, 51, 9, 2, 3, 60, 7, 2, 3)
+    match = match_in_context(context, min_n=2, max_n=5)
+    assert (match.length, match.end) == (3, 2)
+
+
+def test_recency_breaks_ties():
+    context = arr(2, 3, 10, 2, 3, 20, 2, 3)
+    match, draft = find_draft(context, None, min_n=2, max_n=4, k=1)
+    assert match.end == 4 and draft.tolist() == [20]
+
+
+def test_no_match_gives_an_empty_draft():
+    drafter = NgramDrafter(None, min_n=2, max_n=4)
+    draft = drafter.propose([1, 2, 3, 4, 5], k=4)
+    assert draft.tokens == [] and draft.probs is None
+
+
+def test_matches_across_documents():
+    corpus = DocumentCorpus(min_n=2)
+    corpus.set_document("a.py", [100, 101, 102, 103])
+    corpus.set_document("b.py", [5, 6, 7, 8, 9, 10, 11])
+    draft = NgramDrafter(corpus, 2, 6).propose([1, 6, 7], k=3)
+    assert draft.tokens == [8, 9, 10] and draft.match_len == 2
+
+
+def test_longer_match_in_an_older_document_beats_the_context():
+    corpus = DocumentCorpus(min_n=2)
+    corpus.set_document("old.py", [4, 5, 6, 7, 42, 43])
+    draft = NgramDrafter(corpus, 2, 6).propose([6, 7, 99, 5, 6, 7], k=2)
+    assert draft.tokens == [42, 43] and draft.match_len == 3  # 5 6 7 here; 6 7 only in the context
+
+
+def test_most_recent_document_wins_a_tie():
+    corpus = DocumentCorpus(min_n=2)
+    corpus.set_document("first.py", [1, 2, 30])
+    corpus.set_document("second.py", [1, 2, 40])
+    assert NgramDrafter(corpus, 2, 4).propose([9, 1, 2], k=1).tokens == [40]
+    corpus.set_document("first.py", [1, 2, 30])  # edited again: now the most recent
+    assert NgramDrafter(corpus, 2, 4).propose([9, 1, 2], k=1).tokens == [30]
+
+
+def test_edited_document_stops_producing_stale_matches():
+    corpus = DocumentCorpus(min_n=2)
+    corpus.set_document("a.py", [1, 2, 3, 4])
+    drafter = NgramDrafter(corpus, 2, 4)
+    assert drafter.propose([9, 1, 2], k=2).tokens == [3, 4]
+    corpus.set_document("a.py", [1, 2, 7, 8])
+    assert drafter.propose([9, 1, 2], k=2).tokens == [7, 8]
+    corpus.remove_document("a.py")
+    assert drafter.propose([9, 1, 2], k=2).tokens == []
+
+
+def test_a_match_at_the_end_of_a_document_has_nothing_to_draft():
+    index = DocumentIndex(arr(5, 6, 1, 2), min_n=2)
+    assert index.find(arr(1, 2), max_n=4).length == 0
+
+
+def test_repetition_in_the_context_continues_periodically():
+    assert continue_periodically(arr(1, 2, 1, 2, 1), end=2, k=5).tolist() == [2, 1, 2, 1, 2]
+    draft = NgramDrafter(None, 2, 4).propose([7, 8, 9, 7, 8, 9, 7, 8], k=5)
+    assert draft.tokens == [9, 7, 8, 9, 7]
+
+
+def test_corpus_cap_drops_the_oldest_documents():
+    corpus = DocumentCorpus(min_n=2, max_tokens=10)
+    corpus.set_document("old", list(range(6)))
+    corpus.set_document("new", list(range(6)))
+    assert "old" not in corpus and "new" in corpus and corpus.total_tokens == 6

@@ -1,0 +1,120 @@
+"""Speculative sampling preserves the target's distribution."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from completion_engine.config import EngineConfig
+from completion_engine.engine import CompletionEngine
+from completion_engine.sampling import Sampler, top_p_filter
+from completion_engine.types import Request
+from completion_engine.verify import greedy_accept, rejection_sample
+
+VOCAB = 5
+SAMPLES = 20_000
+# With 20,000 samples over at most 25 outcomes the expected total-variation error is about 0.01;
+# a biased sampler (for example one that always keeps the draft) is off by 0.1 or more.
+TV_BOUND = 0.03
+
+
+def markov(seed: int) -> torch.Tensor:
+    """A random next-token table: row i is the distribution after token i."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(VOCAB, VOCAB, generator=generator) * 1.5, dim=-1)
+
+
+def total_variation(counts: Counter, expected: dict, samples: int) -> float:
+    keys = set(counts) | set(expected)
+    return 0.5 * sum(abs(counts.get(k, 0) / samples - expected.get(k, 0.0)) for k in keys)
+
+
+def speculative_pair(
+    p: torch.Tensor, q: torch.Tensor | None, start: int, sampler: Sampler
+) -> tuple[int, int]:
+    """Two tokens after `start` by one or two speculative steps with a 2-token draft."""
+    if q is None:  # a point-mass (n-gram) draft: always propose the tokens 0, 1
+        draft, draft_probs = [0, 1], None
+    else:
+        first = sampler.sample(q[start])
+        second = sampler.sample(q[first])
+        draft, draft_probs = [first, second], torch.stack([q[start], q[first]])
+    target_probs = torch.stack([p[start], p[draft[0]], p[draft[1]]])
+    accepted, token = rejection_sample(draft, draft_probs, target_probs, sampler)
+    out = [*draft[:accepted], token]
+    if len(out) < 2:  # one more plain step from the target
+        out.append(sampler.sample(p[out[-1]]))
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "point-mass"])
+def test_joint_distribution_of_two_tokens_matches_the_target(draft_kind):
+    p, q = markov(0), markov(1)
+    sampler = Sampler.seeded(1.0, 1.0, seed=3)
+    counts = Counter(
+        speculative_pair(p, q if draft_kind == "model" else None, 2, sampler) for _ in range(SAMPLES)
+    )
+    expected = {(a, b): float(p[2, a] * p[a, b]) for a in range(VOCAB) for b in range(VOCAB)}
+    assert total_variation(counts, expected, SAMPLES) < TV_BOUND
+
+
+def test_a_biased_sampler_would_fail_the_bound():
+    """The bound has teeth: taking the draft token every time is far from p."""
+    p, q = markov(0), markov(1)
+    sampler = Sampler.seeded(1.0, 1.0, seed=4)
+    counts = Counter((sampler.sample(q[2]),) for _ in range(SAMPLES))
+    expected = {(a,): float(p[2, a]) for a in range(VOCAB)}
+    assert total_variation(counts, expected, SAMPLES) > 3 * TV_BOUND
+
+
+def test_greedy_accept_takes_the_longest_agreeing_prefix():
+    logits = torch.eye(6)[[1, 2, 5, 4]]  # argmaxes 1, 2, 5, 4
+    assert greedy_accept([1, 2, 3], logits) == (2, 5)  # 1, 2 agree; 3 != 5 -> recovered token 5
+    assert greedy_accept([1, 2, 5], logits) == (3, 4)  # all agree -> bonus token 4
+    assert greedy_accept([], logits[:1]) == (0, 1)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    assert torch.allclose(top_p_filter(probs, 0.8), torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+def test_engine_sampling_matches_the_target_distribution(tiny_target):
+    """End to end: the token after a verify step with an n-gram draft follows the target's distribution.
+
+    Runs are conditioned on the most likely first token t1; the document drafts the most likely
+    second token after it, so the verify step both accepts and rejects across seeds.
+    """
+    engine = CompletionEngine(EngineConfig(target="t", max_draft=4), tiny_target)
+    prompt, temperature = [5, 6, 7, 8, 5, 6, 7], 0.7
+    first = next_token_probs(engine, prompt, temperature)
+    t1 = int(first.argmax())
+    second = next_token_probs(engine, [*prompt, t1], temperature)
+    engine.corpus.set_document("d", [*prompt[-3:], t1, int(second.argmax()), 9, 9])
+    buckets = {(int(t),): float(second[t]) for t in torch.topk(second, 6).indices}
+    buckets[("other",)] = 1.0 - sum(buckets.values())
+    counts: Counter = Counter()
+    accepted = 0
+    for seed in range(1500):
+        generation = engine.complete(
+            Request(context=prompt, max_new_tokens=3, draft="ngram", temperature=temperature, seed=seed)
+        )
+        if generation.tokens[0] != t1:
+            continue
+        key = (generation.tokens[1],)
+        counts[key if key in buckets else ("other",)] += 1
+        accepted += generation.stats.accepted
+    samples = sum(counts.values())
+    assert samples > 250 and 0 < accepted < samples  # both branches of the verify step were taken
+    # sqrt(buckets / samples) / 2 is about the expected total-variation error; allow 3 times it
+    assert total_variation(counts, buckets, samples) < 1.5 * (len(buckets) / samples) ** 0.5
+
+
+def next_token_probs(engine: CompletionEngine, context: list[int], temperature: float) -> torch.Tensor:
+    runner = engine.target_runner
+    runner.truncate(0)
+    logits = runner.extend(context)[0]
+    runner.truncate(0)
+    return torch.softmax(logits / temperature, dim=-1)
