@@ -1,0 +1,55 @@
+"""Model loading: folders, the tiny model, and clear errors for what cannot be loaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from completion_engine.models import LoadedModel, ModelLoadError, check_compatible, load_model
+from completion_engine.tiny import build_tokenizer, save_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+def test_loads_a_local_folder(tiny_folder):
+    model = load_model(str(tiny_folder), device="cpu", progress=False)
+    assert model.vocab_size == len(model.tokenizer) and model.weights.shape.n_layers == 2
+
+
+def test_missing_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="model not found"):
+        load_model(str(tmp_path / "nope"), progress=False)
+    with pytest.raises(ModelLoadError, match="GGUF file not found"):
+        load_model(str(tmp_path / "model.gguf"), progress=False)
+
+
+def test_folder_without_config_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path), progress=False)
+
+
+def test_not_a_causal_lm(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    with pytest.raises(ModelLoadError, match="not a causal language model"):
+        load_model(str(tmp_path), progress=False)
+
+
+def test_unreachable_hub_says_how_to_pass_a_local_path(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="pass a local model folder or .gguf file"):
+        load_model("no-such-org/no-such-model", progress=False)
+
+
+def test_draft_with_another_tokenizer_is_refused(tiny_folder, tiny_target):
+    other = build_tokenizer(vocab_size=400)
+    draft = LoadedModel("other", tiny_target.weights, other, frozenset())
+    target = load_model(str(tiny_folder), device="cpu", progress=False)
+    with pytest.raises(ModelLoadError, match=r"does not share the target's tokenizer.*512 tokens.*400"):
+        check_compatible(target, draft)
