@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,13 @@ class LoadedModel:
         return self.weights.shape.vocab
 
 
+def apply_thread_setting() -> None:
+    """SPEC_COMPLETE_THREADS caps torch's CPU threads (1 avoids OpenMP spin-waits on shared cores)."""
+    threads = os.environ.get("SPEC_COMPLETE_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -49,6 +57,9 @@ def resolve_dtype(dtype: str) -> torch.dtype:
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: bool = True) -> LoadedModel:
     """spec: "smollm2-135m", "tiny-random", a model folder, a .gguf file, or a Hugging Face hub id."""
+    apply_thread_setting()
+    if not progress:
+        quiet_transformers()
     folder = resolve_source(spec, progress)
     return load_folder(spec, folder, resolve_device(device), resolve_dtype(dtype))
 
@@ -107,6 +118,13 @@ def load_folder(name: str, source: Path | str, device: torch.device, dtype: torc
     return LoadedModel(
         name=name, weights=weights, tokenizer=tokenizer, eos_token_ids=eos_ids(config, tokenizer, source)
     )
+
+
+def quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
 
 
 def check_causal_lm(name: str, config) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -9,7 +11,9 @@ from completion_engine.models import LoadedModel
 from completion_engine.tiny import build_model, build_tokenizer
 from completion_engine.weights import decoder_weights_from_hf
 
-torch.set_num_threads(1)  # tiny models: one thread avoids OpenMP spin-waits when cores are shared
+# Tiny models: one thread avoids OpenMP spin-waits when cores are shared; servers started by tests inherit it.
+os.environ.setdefault("SPEC_COMPLETE_THREADS", "1")
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
