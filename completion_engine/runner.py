@@ -160,6 +160,7 @@ class DecoderRunner:
         pos = torch.arange(start, start + rows, device=self.device)
         cos, sin = self.cos[pos, None, :], self.sin[pos, None, :]  # [rows, 1, head_dim]
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        plan = self._key_buckets(start, n) if self.exact else []
         for index, layer in enumerate(self.w.layers):
             h = rms_norm(x, layer.input_norm, s.rms_eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
@@ -174,7 +175,7 @@ class DecoderRunner:
                 k[:n].transpose(0, 1),
                 v.view(rows, s.n_kv_heads, s.head_dim)[:n].transpose(0, 1),
             )
-            attn = self._attention(index, q, start, n)  # [rows, n_heads * head_dim]
+            attn = self._attention(index, q, start, n, plan)  # [rows, n_heads * head_dim]
             x = x + F.linear(attn, layer.out)
             h = rms_norm(x, layer.post_norm, s.rms_eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
@@ -182,9 +183,11 @@ class DecoderRunner:
         self.forwards += 1
         return x
 
-    def _attention(self, layer: int, q: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    def _attention(
+        self, layer: int, q: torch.Tensor, start: int, n: int, plan: list[KeyBucket]
+    ) -> torch.Tensor:
         if self.exact:
-            return self._bucketed_attention(layer, q, start, n)
+            return self._bucketed_attention(layer, q, plan)
         s = self.shape
         length = start + n
         keys = self.cache.keys[layer, :, :length]  # [kv_head, length, head_dim]
@@ -199,32 +202,57 @@ class DecoderRunner:
         )  # [1, n_heads, n, head_dim]
         return out[0].transpose(0, 1).reshape(n, s.n_heads * s.head_dim)
 
-    def _bucketed_attention(self, layer: int, q: torch.Tensor, start: int, n: int) -> torch.Tensor:
-        s = self.shape
+    def _key_buckets(self, start: int, n: int) -> list[KeyBucket]:
+        """Which key bucket each query row of this forward attends in; the same for every layer."""
         rows = ROW_BUCKET
         # Row i attends to L_i = start + i + 1 keys; padding rows copy the first row's length.
         lengths = torch.full((rows,), start + 1, device=self.device)
         lengths[:n] = torch.arange(start + 1, start + n + 1, device=self.device)
+        buckets = (lengths + KEY_BUCKET - 1) // KEY_BUCKET
+        distinct = torch.unique(buckets).tolist()
+        plan = []
+        for bucket in distinct:
+            padded = bucket * KEY_BUCKET
+            hidden_keys = (
+                torch.arange(padded, device=self.device)[None, :] >= lengths[:, None]
+            )  # [rows, padded]
+            rows_here = None if len(distinct) == 1 else (buckets == bucket).repeat(self.shape.group)
+            plan.append(KeyBucket(padded, hidden_keys, rows_here))
+        return plan
+
+    def _bucketed_attention(self, layer: int, q: torch.Tensor, plan: list[KeyBucket]) -> torch.Tensor:
+        s = self.shape
+        rows = ROW_BUCKET
         # Heads sharing a kv head go side by side: [kv_head, group * rows, head_dim].
         q_grouped = q.view(rows, s.n_kv_heads, s.group, s.head_dim).permute(1, 2, 0, 3)
         q_grouped = q_grouped.reshape(s.n_kv_heads, s.group * rows, s.head_dim)
         scale = s.head_dim**-0.5
-        out = torch.empty_like(q_grouped)
-        buckets = (lengths + KEY_BUCKET - 1) // KEY_BUCKET
-        for bucket in torch.unique(buckets).tolist():
-            padded = bucket * KEY_BUCKET
-            keys = self.cache.keys[layer, :, :padded]  # [kv_head, padded, head_dim]
-            values = self.cache.values[layer, :, :padded]
+        out = torch.empty_like(q_grouped) if len(plan) > 1 else None
+        for bucket in plan:
+            keys = self.cache.keys[layer, :, : bucket.padded]  # [kv_head, padded, head_dim]
+            values = self.cache.values[layer, :, : bucket.padded]
             scores = (
                 torch.matmul(q_grouped, keys.transpose(1, 2)).float() * scale
-            )  # [kv_head, group * rows, padded]
-            hidden_keys = (
-                torch.arange(padded, device=self.device)[None, :] >= lengths[:, None]
-            )  # [rows, padded]
-            scores = scores.view(s.n_kv_heads, s.group, rows, padded).masked_fill(hidden_keys, float("-inf"))
-            probs = torch.softmax(scores, dim=-1).to(self.dtype).view(s.n_kv_heads, s.group * rows, padded)
+            )  # [kv_head, group*rows, padded]
+            scores = scores.view(s.n_kv_heads, s.group, rows, bucket.padded).masked_fill(
+                bucket.hidden_keys, float("-inf")
+            )
+            probs = (
+                torch.softmax(scores, dim=-1).to(self.dtype).view(s.n_kv_heads, s.group * rows, bucket.padded)
+            )
             bucket_out = torch.matmul(probs, values)  # [kv_head, group * rows, head_dim]
-            in_bucket = (buckets == bucket).repeat(s.group)  # [group * rows] in the same order as q_grouped
-            out[:, in_bucket] = bucket_out[:, in_bucket]
+            if out is None:
+                out = bucket_out
+            else:
+                out[:, bucket.rows] = bucket_out[:, bucket.rows]
         out = out.view(s.n_kv_heads, s.group, rows, s.head_dim).permute(2, 0, 1, 3)
         return out.reshape(rows, s.n_heads * s.head_dim)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyBucket:
+    """Query rows whose causal prefix pads to the same key length attend in one fixed-shape call."""
+
+    padded: int  # keys per call: a multiple of KEY_BUCKET
+    hidden_keys: torch.Tensor  # [ROW_BUCKET, padded] True where a row must not look (masked to -inf)
+    rows: torch.Tensor | None  # [group * ROW_BUCKET] the rows in this bucket; None when all rows are
