@@ -80,18 +80,22 @@ class CompletionEngine:
         if draft is not None:
             check_compatible(target, draft)
             draft_runner = DecoderRunner(draft.weights, exact=False, capacity=capacity)
-            self._model_drafter = ModelDrafter(draft_runner, config.draft_min_prob, config.max_draft)
+            self._model_drafter = ModelDrafter(
+                draft_runner, config.draft_min_prob, config.max_draft, draft.vocab_map, target.vocab_size
+            )
 
     @classmethod
     def from_config(cls, config: EngineConfig, progress: bool = True) -> CompletionEngine:
+        from completion_engine.distilled import DISTILLED_NAME, distilled_draft
         from completion_engine.models import load_model
 
         target = load_model(config.target, config.device, config.dtype, progress=progress)
-        draft = (
-            load_model(config.draft_model, config.device, config.dtype, progress=progress)
-            if config.draft_model
-            else None
-        )
+        if config.draft_model == DISTILLED_NAME:
+            draft = distilled_draft(target)
+        elif config.draft_model:
+            draft = load_model(config.draft_model, config.device, config.dtype, progress=progress)
+        else:
+            draft = None
         return cls(config, target, draft)
 
     @property

@@ -27,6 +27,7 @@ class LoadedModel:
     weights: DecoderWeights
     tokenizer: object  # a transformers PreTrainedTokenizerBase
     eos_token_ids: frozenset[int]
+    vocab_map: torch.Tensor | None = None  # [head rows] -> token id, when the LM head covers a subset
 
     @property
     def vocab_size(self) -> int:

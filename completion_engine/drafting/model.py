@@ -22,8 +22,17 @@ class ModelDrafter:
 
     source = "model"
 
-    def __init__(self, runner: DecoderRunner, min_prob: float, max_k: int) -> None:
+    def __init__(
+        self,
+        runner: DecoderRunner,
+        min_prob: float,
+        max_k: int,
+        vocab_map: torch.Tensor | None = None,
+        target_vocab: int | None = None,
+    ) -> None:
         self.runner = runner
+        self.vocab_map = vocab_map  # draft head row -> token id, for a head over a subset of the vocabulary
+        self.target_vocab = target_vocab or runner.shape.vocab
         self.min_prob = min_prob
         self.max_k = max_k
         self.k_limit = max(1, max_k // 2)
@@ -37,15 +46,26 @@ class ModelDrafter:
         dists: list[torch.Tensor] = []
         for _ in range(k):
             probs = sampler.probs(logits[-1]) if sampler else torch.softmax(logits[-1], dim=-1)
-            token = sampler.sample(probs) if sampler else int(probs.argmax())
-            if sampler is None and float(probs[token]) < self.min_prob and tokens:
+            row = sampler.sample(probs) if sampler else int(probs.argmax())
+            if sampler is None and float(probs[row]) < self.min_prob and tokens:
                 break
+            token = row if self.vocab_map is None else int(self.vocab_map[row])
             tokens.append(token)
-            dists.append(probs)
+            dists.append(self._over_target_vocab(probs) if sampler else probs)
             if len(tokens) == k:
                 break
             logits = self.runner.extend([token])
         return Draft(tokens=tokens, probs=torch.stack(dists) if sampler else None, source=self.source)
+
+    def _over_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """q over the target's vocabulary: tokens outside the draft head's subset get probability 0."""
+        if self.vocab_map is None and len(probs) == self.target_vocab:
+            return probs
+        full = torch.zeros(self.target_vocab, dtype=probs.dtype, device=probs.device)
+        index = (
+            self.vocab_map if self.vocab_map is not None else torch.arange(len(probs), device=probs.device)
+        )
+        return full.scatter(0, index, probs)
 
     def _sync(self, context: Sequence[int]) -> torch.Tensor:
         """Bring the draft cache to `context` and return the logits after its last token."""

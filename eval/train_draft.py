@@ -1,0 +1,307 @@
+"""Distil the shipped draft model from the embedded target (`spec-complete train-draft`).
+
+The draft: 2 decoder layers of the target's width, initialised from the target's first layers,
+reading the target's frozen token embedding, with an LM head over the most frequent code tokens
+(FR-Spec). Labels are the target's own next-token distributions (restricted to that subset):
+the draft learns to predict what the target will say, not what the file says.
+
+Data: Python sources of the standard library, without the packages the evaluation uses (email,
+json) and the held-out package (http), on which top-1 agreement is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import sysconfig
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from completion_engine.distilled import DISTILLED_DIR, DraftConfig, save_draft
+from completion_engine.runner import DecoderShape, DecoderWeights, LayerWeights, rms_norm, rotate_half
+
+EXCLUDED_PACKAGES = {
+    "email",
+    "json",
+    "http",
+    "test",
+    "idlelib",
+    "lib2to3",
+    "tkinter",
+    "turtledemo",
+    "site-packages",
+}
+HELD_OUT_PACKAGE = "http"
+
+
+@dataclass(frozen=True, slots=True)
+class TrainSettings:
+    steps: int = 1200
+    minutes: float = 50.0  # stop (and save) after this much training time
+    batch: int = 8
+    seq_len: int = 256
+    lr: float = 1e-3
+    warmup: int = 50
+    subset_size: int = 8192
+    n_layers: int = 2
+    seed: int = 0
+    eval_windows: int = 48
+    checkpoint_every: int = 25
+
+
+def python_files(root: Path, include: bool) -> list[Path]:
+    """Stdlib .py files outside (include=False: inside) the excluded/held-out packages, sorted."""
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        top = path.relative_to(root).parts[0]
+        excluded = top in EXCLUDED_PACKAGES
+        if include != excluded:
+            files.append(path)
+    return files
+
+
+def token_windows(files: list[Path], tokenizer, seq_len: int, eos: int) -> torch.Tensor:
+    """All files tokenised end to end (EOS between files) and cut into [N, seq_len] windows."""
+    ids: list[int] = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        ids.extend(tokenizer.encode(text, add_special_tokens=False))
+        ids.append(eos)
+    usable = len(ids) // seq_len * seq_len
+    return torch.tensor(ids[:usable], dtype=torch.long).view(-1, seq_len)
+
+
+def frequent_tokens(windows: torch.Tensor, size: int) -> torch.Tensor:
+    counts = Counter(windows.flatten().tolist())
+    return torch.tensor(sorted(t for t, _ in counts.most_common(size)), dtype=torch.long)
+
+
+class TrainableDraft(nn.Module):
+    """The draft's layers as trainable float32 parameters; the forward mirrors runner.py in fast mode."""
+
+    def __init__(self, target: DecoderWeights, n_layers: int, vocab_map: torch.Tensor) -> None:
+        super().__init__()
+        self.shape = target.shape
+        self.register_buffer("embed", target.embed.float(), persistent=False)
+        self.register_buffer("head", target.lm_head[vocab_map].float(), persistent=False)
+        self.register_buffer("vocab_map", vocab_map, persistent=False)
+        self.layers = nn.ModuleList(
+            nn.ParameterDict(
+                {n: nn.Parameter(getattr(target.layers[i], n).float().clone()) for n in LAYER_FIELDS}
+            )
+            for i in range(n_layers)
+        )
+        self.final_norm = nn.Parameter(target.final_norm.float().clone())
+        self.inv_freq = target.inv_freq
+        self.rope_scale = target.rope_scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, T] -> logits over the subset [B, T, subset]."""
+        s = self.shape
+        batch, length = ids.shape
+        x = F.embedding(ids, self.embed)
+        freqs = torch.outer(torch.arange(length, dtype=torch.float32), self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = (emb.cos() * self.rope_scale)[None, :, None], (emb.sin() * self.rope_scale)[None, :, None]
+        q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        for layer in self.layers:
+            h = rms_norm(x, layer["input_norm"], s.rms_eps)
+            q, k, v = F.linear(h, layer["qkv"]).split((q_size, kv_size, kv_size), dim=-1)
+            q = q.view(batch, length, s.n_heads, s.head_dim)
+            k = k.view(batch, length, s.n_kv_heads, s.head_dim)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            v = v.view(batch, length, s.n_kv_heads, s.head_dim)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            )
+            x = x + F.linear(attn.transpose(1, 2).reshape(batch, length, q_size), layer["out"])
+            h = rms_norm(x, layer["post_norm"], s.rms_eps)
+            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        return F.linear(rms_norm(x, self.final_norm, s.rms_eps), self.head)
+
+    def export(self, dtype: torch.dtype) -> DecoderWeights:
+        s = self.shape
+        layers = tuple(
+            LayerWeights(**{n: layer[n].detach().to(dtype) for n in LAYER_FIELDS}, qkv_bias=None)
+            for layer in self.layers
+        )
+        shape = DecoderShape(
+            len(layers),
+            s.hidden,
+            s.n_heads,
+            s.n_kv_heads,
+            s.head_dim,
+            len(self.vocab_map),
+            s.rms_eps,
+            s.max_positions,
+        )
+        return DecoderWeights(
+            shape,
+            self.embed.to(dtype),
+            layers,
+            self.final_norm.detach().to(dtype),
+            self.head.to(dtype),
+            self.inv_freq,
+            self.rope_scale,
+        )
+
+
+LAYER_FIELDS = ("input_norm", "qkv", "out", "post_norm", "gate_up", "down")
+
+
+def target_logits(target_model, ids: torch.Tensor) -> torch.Tensor:
+    """The target's logits [B, T, vocab] (float32) from the stock transformers forward, no grad."""
+    with torch.inference_mode():
+        return target_model(ids).logits.float()
+
+
+def distill_loss(
+    draft_logits: torch.Tensor, teacher_logits: torch.Tensor, vocab_map: torch.Tensor
+) -> torch.Tensor:
+    """Cross-entropy of the draft against the target's distribution restricted to the subset (soft labels)."""
+    teacher = torch.softmax(teacher_logits[..., vocab_map], dim=-1)
+    return -(teacher * torch.log_softmax(draft_logits, dim=-1)).sum(-1).mean()
+
+
+def agreement(draft: TrainableDraft, target_model, windows: torch.Tensor, batch: int) -> float:
+    """Share of positions where the draft's top token equals the target's top token (full vocabulary)."""
+    agree = total = 0
+    with torch.no_grad():
+        for start in range(0, len(windows), batch):
+            ids = windows[start : start + batch]
+            teacher_top = target_logits(target_model, ids).argmax(-1)
+            draft_top = draft.vocab_map[draft(ids).argmax(-1)]
+            agree += int((draft_top == teacher_top).sum())
+            total += teacher_top.numel()
+    return agree / max(total, 1)
+
+
+def learning_rate(step: int, settings: TrainSettings) -> float:
+    if step < settings.warmup:
+        return settings.lr * (step + 1) / settings.warmup
+    progress = (step - settings.warmup) / max(1, settings.steps - settings.warmup)
+    return settings.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainSettings()
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--minutes", type=float, default=defaults.minutes, help="training time budget")
+    parser.add_argument("--batch", type=int, default=defaults.batch)
+    parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
+    parser.add_argument(
+        "--subset-size", type=int, default=defaults.subset_size, help="tokens in the draft head"
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--out", default=str(DISTILLED_DIR), help="where the shipped weights go")
+    parser.add_argument("--checkpoint", default="eval/out/train-draft/checkpoint.pt")
+    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    parser.add_argument("--stdlib", default=sysconfig.get_paths()["stdlib"], help="source tree to train on")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM
+
+    from completion_engine.models import load_model, resolve_source
+
+    settings = TrainSettings(
+        steps=args.steps,
+        minutes=args.minutes,
+        batch=args.batch,
+        seq_len=args.seq_len,
+        subset_size=args.subset_size,
+        seed=args.seed,
+    )
+    torch.manual_seed(settings.seed)
+    target = load_model("smollm2-135m", device="cpu", dtype="bfloat16", progress=True)
+    target_model = AutoModelForCausalLM.from_pretrained(
+        resolve_source("smollm2-135m", True), dtype=torch.bfloat16
+    )
+    target_model.eval()
+    eos = next(iter(target.eos_token_ids))
+    root = Path(args.stdlib)
+    print(f"tokenising {root} ...", file=sys.stderr, flush=True)
+    train = token_windows(python_files(root, include=True), target.tokenizer, settings.seq_len, eos)
+    held_out = token_windows(
+        sorted((root / HELD_OUT_PACKAGE).rglob("*.py")), target.tokenizer, settings.seq_len, eos
+    )
+    held_out = held_out[: settings.eval_windows]
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(settings.seed))
+    vocab_map = frequent_tokens(train, settings.subset_size)
+    print(
+        f"{len(train)} training windows ({train.numel():,} tokens), {len(held_out)} held out; "
+        f"head covers {len(vocab_map)} tokens",
+        file=sys.stderr,
+        flush=True,
+    )
+    draft = TrainableDraft(target.weights, 2, vocab_map)
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=settings.lr, weight_decay=0.0)
+    step = 0
+    checkpoint = Path(args.checkpoint)
+    if args.resume and checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        draft.load_state_dict(saved["draft"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step = saved["step"]
+        print(f"resumed at step {step}", file=sys.stderr)
+    before = agreement(draft, target_model, held_out, settings.batch)
+    print(f"held-out top-1 agreement before training: {before:.3f}", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    bar = tqdm(total=settings.steps, initial=step, desc="train-draft", file=sys.stderr)
+    while step < settings.steps and (time.monotonic() - started) / 60 < settings.minutes:
+        picks = order[(step * settings.batch) % len(order) :][: settings.batch]
+        ids = train[picks]
+        teacher = target_logits(target_model, ids)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, settings)
+        loss = distill_loss(draft(ids), teacher, vocab_map)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if step % settings.checkpoint_every == 0:
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(
+                {"draft": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint
+            )
+    bar.close()
+    after = agreement(draft, target_model, held_out, settings.batch)
+    config = DraftConfig(
+        n_layers=2,
+        intermediate=draft.layers[0]["down"].shape[1],
+        subset_size=len(vocab_map),
+        target="smollm2-135m",
+    )
+    save_draft(Path(args.out), draft.export(torch.bfloat16), vocab_map, config)
+    print(
+        f"steps {step}; held-out top-1 agreement {before:.3f} -> {after:.3f}; saved to {args.out}", flush=True
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_train_arguments(parser)
+    return run_train(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    random.seed(0)
+    sys.exit(main())
