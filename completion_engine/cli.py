@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,51 +134,59 @@ def format_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
-Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int], str]
+@dataclass(frozen=True, slots=True)
+class Command:
+    module: str  # imported only when this command runs: `serve` must start before torch is imported
+    add_arguments: str
+    run: str
+    help: str
 
 
-def commands() -> dict[str, Command]:
-    table: dict[str, Command] = {
-        "complete": (add_complete_arguments, run_complete, "complete a file at a position")
-    }
-    try:
-        from lsp_server.cli import add_serve_arguments, run_serve
-
-        table["serve"] = (add_serve_arguments, run_serve, "serve completions over LSP (stdio or WebSocket)")
-    except ImportError:
-        pass
-    try:
-        from eval.cli import add_bench_arguments, add_eval_arguments, run_bench, run_eval
-
-        table["eval"] = (add_eval_arguments, run_eval, "offline evaluation: humaneval | repo")
-        table["bench"] = (add_bench_arguments, run_bench, "speed benchmark of the draft methods")
-    except ImportError:
-        pass
-    try:
-        from eval.train_draft import add_train_arguments, run_train
-
-        table["train-draft"] = (add_train_arguments, run_train, "distil a small draft model from the target")
-    except ImportError:
-        pass
-    return table
+COMMANDS = {
+    "complete": Command(
+        "completion_engine.cli", "add_complete_arguments", "run_complete", "complete a file at a position"
+    ),
+    "serve": Command(
+        "lsp_server.cli", "add_serve_arguments", "run_serve", "serve completions over LSP (stdio or ws)"
+    ),
+    "eval": Command("eval.cli", "add_eval_arguments", "run_eval", "offline evaluation: humaneval | repo"),
+    "bench": Command("eval.cli", "add_bench_arguments", "run_bench", "speed benchmark of the draft methods"),
+    "train-draft": Command("eval.train_draft", "add_train_arguments", "run_train", "distil the draft model"),
+}
 
 
-def build_parser(table: dict[str, Command]) -> argparse.ArgumentParser:
+def chosen_command(argv: list[str]) -> str | None:
+    return next((a for a in argv if a in COMMANDS), None)
+
+
+def build_parser(chosen: str | None) -> argparse.ArgumentParser:
+    """Every command is listed; only the chosen one's module is imported to define its arguments."""
     parser = argparse.ArgumentParser(prog="spec-complete", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (add_arguments, _, help_text) in table.items():
-        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    for name, command in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=command.help, description=command.help)
+        if name == chosen:
+            getattr(importlib.import_module(command.module), command.add_arguments)(command_parser)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from completion_engine.models import ModelLoadError
+def is_user_error(error: Exception) -> bool:
+    """Errors caused by the input (a path, a position, a model): one line and exit code 2."""
+    if isinstance(error, UsageError):
+        return True
+    models = sys.modules.get("completion_engine.models")
+    return models is not None and isinstance(error, models.ModelLoadError)
 
-    table = commands()
-    args = build_parser(table).parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(chosen_command(argv)).parse_args(argv)
+    command = COMMANDS[args.command]
     try:
-        return table[args.command][1](args)
-    except (UsageError, ModelLoadError) as error:
+        return getattr(importlib.import_module(command.module), command.run)(args)
+    except Exception as error:  # noqa: BLE001 - only the expected kinds are shown as one line
+        if not is_user_error(error):
+            raise
         print(f"spec-complete: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,235 @@
+"""`spec-complete serve`: the flags, the checks made before any model loads, and the start."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from completion_engine.types import DRAFT_METHODS
+from lsp_server.settings import MAX_NEW_TOKENS_CAP, CompletionSettings, ServerLimits
+
+DEFAULT_PORT = 8765
+TOKEN_ENV = "SPEC_COMPLETE_TOKEN"
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    transport = parser.add_argument_group("transport")
+    which = transport.add_mutually_exclusive_group()
+    which.add_argument(
+        "--stdio", action="store_true", help="serve one client over stdin/stdout (the default)"
+    )
+    which.add_argument(
+        "--ws", action="store_true", help="serve WebSocket clients (one JSON-RPC message per text message)"
+    )
+    transport.add_argument(
+        "--host", default="127.0.0.1", help="address to bind with --ws (default: 127.0.0.1)"
+    )
+    transport.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port for --ws; 0 picks a free one (default: {DEFAULT_PORT})",
+    )
+    transport.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow --host to be a non-loopback address (needs --token)",
+    )
+    transport.add_argument(
+        "--token",
+        default=os.environ.get(TOKEN_ENV) or None,
+        help=f"secret clients must present (?token=T or Authorization: Bearer T); default: ${TOKEN_ENV}",
+    )
+
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--target",
+        default="smollm2-135m",
+        help="smollm2-135m (embedded), tiny-random, a folder, a .gguf or a hub id",
+    )
+    model.add_argument(
+        "--draft-model", default=None, help="draft model for --draft model|hybrid (same forms)"
+    )
+    model.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    model.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+    model.add_argument("--max-context", type=int, default=4096, help="tokens of context before the cursor")
+    model.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for the model (sets OMP_NUM_THREADS; 1 avoids slow spinning on a busy machine)",
+    )
+
+    completion = parser.add_argument_group(
+        "completions (a client's initializationOptions may override these)"
+    )
+    completion.add_argument(
+        "--draft", choices=DRAFT_METHODS, default="ngram", help="draft method (default: ngram)"
+    )
+    completion.add_argument(
+        "--max-new-tokens", type=int, default=64, help="tokens per completion (default: 64)"
+    )
+    completion.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    completion.add_argument(
+        "--no-syntax", action="store_true", help="do not stop or trim completions by syntax"
+    )
+
+    limits = parser.add_argument_group("limits")
+    defaults = ServerLimits()
+    limits.add_argument(
+        "--queue-size", type=int, default=defaults.queue_size, help="requests waiting, all clients"
+    )
+    limits.add_argument(
+        "--max-document-kb",
+        type=int,
+        default=defaults.max_document_bytes // 1024,
+        help="larger documents are refused",
+    )
+    limits.add_argument(
+        "--corpus-tokens", type=int, default=defaults.corpus_tokens, help="n-gram corpus token cap"
+    )
+    limits.add_argument(
+        "--max-clients", type=int, default=defaults.max_clients, help="WebSocket connections at once"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each request to stderr")
+
+
+def check_serve_arguments(args: argparse.Namespace) -> str | None:
+    """Why these arguments cannot start a server, or None. Runs before any model is loaded."""
+    from lsp_server.transport import is_loopback
+
+    if args.ws and not is_loopback(args.host):
+        if not args.allow_remote:
+            return (
+                f"refusing to bind {args.host}: it is not a loopback address. Pass --allow-remote and "
+                f"a --token (or ${TOKEN_ENV}) that clients present, or bind 127.0.0.1 and tunnel (ssh -L)"
+            )
+        if not args.token:
+            return f"refusing to bind {args.host} without a token: pass --token T (or set ${TOKEN_ENV})"
+    if args.token is not None and len(args.token) < 8:
+        return "the token is too short: use at least 8 characters (e.g. `openssl rand -hex 16`)"
+    if not 0 <= args.port <= 65535:
+        return f"--port must be 0..65535, not {args.port}"
+    if args.draft in ("model", "hybrid") and not args.draft_model:
+        return f"--draft {args.draft} needs --draft-model"
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS_CAP:
+        return f"--max-new-tokens must be 1..{MAX_NEW_TOKENS_CAP}"
+    for name in ("queue_size", "max_document_kb", "corpus_tokens", "max_clients", "max_context", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1"
+    return None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    problem = check_serve_arguments(args)
+    if problem:
+        print(f"spec-complete serve: {problem}", file=sys.stderr)
+        return 2
+    _configure_logging(args.verbose)
+    if args.threads is not None:  # read when torch loads, which happens below
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    stdout = sys.stdout.buffer
+    if not args.ws:
+        sys.stdout = sys.stderr  # stdout carries the protocol: stray prints must not land there
+    try:
+        shared = _start_shared(args)
+    except Exception as error:  # ModelLoadError and friends carry a message that says what to do
+        print(f"spec-complete serve: could not load the model: {error}", file=sys.stderr)
+        return 1
+    try:
+        if args.ws:
+            return _run_ws(shared, args)
+        return asyncio.run(_stdio(shared, stdout))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        shared.worker.stop()
+
+
+async def _stdio(shared, stdout) -> int:
+    from lsp_server.transport import FdReader, serve_stdio
+
+    return await serve_stdio(shared, FdReader(sys.stdin.fileno()), stdout)
+
+
+def _run_ws(shared, args: argparse.Namespace) -> int:
+    from lsp_server.transport import WsOptions, print_line, serve_ws
+
+    def announce(url: str) -> None:
+        shown = f"{url}/?token=…" if args.token else url
+        print_line(f"spec-complete: listening on {shown} (model {args.target}, draft {args.draft})")
+        print_line(
+            "spec-complete: in VS Code set specComplete.connection to websocket and specComplete.url to "
+            f"{url}{' (and specComplete.token)' if args.token else ''}; editors without WebSocket support "
+            "(Neovim, Helix) run `spec-complete serve --stdio` as their language server command instead"
+        )
+
+    options = WsOptions(host=args.host, port=args.port, token=args.token)
+    try:
+        asyncio.run(serve_ws(shared, options, announce))
+    except OSError as error:
+        print(f"spec-complete serve: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _start_shared(args: argparse.Namespace):
+    """Load the engine and start the model worker (the slow part: imports torch, loads weights)."""
+    from completion_engine.config import EngineConfig
+    from completion_engine.engine import CompletionEngine
+    from lsp_server.corpus import CorpusFeed
+    from lsp_server.session import SharedState
+    from lsp_server.stats import ServerCounters
+    from lsp_server.worker import ModelWorker
+
+    config = EngineConfig(
+        target=args.target,
+        draft_model=args.draft_model,
+        device=args.device,
+        dtype=args.dtype,
+        max_context=args.max_context,
+    )
+    engine = CompletionEngine.from_config(config)
+    limits = ServerLimits(
+        queue_size=args.queue_size,
+        max_document_bytes=args.max_document_kb * 1024,
+        corpus_tokens=args.corpus_tokens,
+        max_clients=args.max_clients,
+    )
+    defaults = CompletionSettings(
+        draft=args.draft,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        syntax=not args.no_syntax,
+    )
+    counters = ServerCounters()
+    corpus = CorpusFeed(limits.corpus_tokens)
+    worker = ModelWorker(engine, corpus, counters, limits.queue_size)
+    worker.start()
+    model = {
+        "target": args.target,
+        "draft_model": args.draft_model,
+        "device": str(engine.target_runner.device),
+    }
+    return SharedState(
+        worker=worker,
+        corpus=corpus,
+        counters=counters,
+        limits=limits,
+        defaults=defaults,
+        model=model,
+        draft_model_loaded=args.draft_model is not None,
+    )
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO if verbose else logging.WARNING,
+        format="spec-complete: %(message)s",
+    )
+    logging.getLogger("pygls").setLevel(logging.WARNING if verbose else logging.CRITICAL)
+    logging.getLogger("websockets").setLevel(logging.WARNING if verbose else logging.ERROR)

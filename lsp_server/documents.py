@@ -1,0 +1,257 @@
+"""The documents a client has open, kept from what the client sent (never read from disk).
+
+Positions follow LSP: a line ends at \\n, \\r\\n or \\r; a character offset counts code units of the
+negotiated position encoding ("utf-16" unless the client chose another). A character past the end
+of its line means the line's end (as the LSP specification says); a line past the end of the
+document is an error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # two UTF-16 code units each
+_SURROGATE = re.compile("[\ud800-\udfff]")  # lone surrogates from JSON escapes: not text
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f]")
+
+
+class DocumentError(Exception):
+    """A request named a document or position the server cannot use; the message says why."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused  # the document exists but was refused (too large, binary)
+
+
+@dataclass(slots=True)
+class OpenDocument:
+    uri: str
+    text: str
+    version: int
+    language_id: str
+    size: int  # UTF-8 bytes of text
+
+
+@dataclass(frozen=True, slots=True)
+class CursorContext:
+    """The text around the cursor, split where the completion goes."""
+
+    prefix: str  # everything before the cursor
+    suffix: str  # everything after it
+    line_prefix: str  # the cursor's line up to the cursor
+
+
+@dataclass(frozen=True, slots=True)
+class TextChange:
+    """One content change: a range ((line, character) start and end), or with range None the whole text."""
+
+    text: str
+    range: tuple[tuple[int, int], tuple[int, int]] | None = None
+
+
+# -- pure functions -------------------------------------------------------------------------------
+
+
+def clean_text(text: str) -> str:
+    """Lone surrogates (which JSON allows and UTF-8 cannot hold) become U+FFFD, one code unit each."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def utf8_size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def looks_binary(text: str, sample: int = 8192) -> bool:
+    """NUL anywhere, or many control characters early on: not source code.
+
+    >>> looks_binary("def f():\\n\\treturn 1\\n"), looks_binary("PK\\x03\\x04\\x00\\x00")
+    (False, True)
+    """
+    if "\x00" in text:
+        return True
+    head = text[:sample]
+    return len(head) > 0 and len(_CONTROL.findall(head)) > len(head) // 10
+
+
+def line_starts(text: str) -> list[int]:
+    """Offset where each line begins; the last line may be empty.
+
+    >>> line_starts("ab\\r\\ncd\\ne")
+    [0, 4, 7]
+    """
+    return [0, *(m.end() for m in _LINE_BREAK.finditer(text))]
+
+
+def line_end(text: str, starts: list[int], line: int) -> int:
+    """Offset of the end of a line's content (before its line break)."""
+    if line + 1 >= len(starts):
+        return len(text)
+    end = starts[line + 1]
+    if text[end - 1] == "\n":
+        end -= 1
+        if end > starts[line] and text[end - 1] == "\r":
+            end -= 1
+    elif text[end - 1] == "\r":
+        end -= 1
+    return end
+
+
+def index_of_units(line: str, units: int, encoding: str) -> int:
+    """Index in `line` of the character `units` code units from its start (clamped to the line's end).
+
+    >>> index_of_units("a\U0001f600b", 3, "utf-16"), index_of_units("a\U0001f600b", 2, "utf-32")
+    (2, 2)
+    """
+    if units >= len(line) * (4 if encoding == "utf-8" else 2):
+        return len(line)
+    if encoding == "utf-32" or (encoding == "utf-16" and not _ASTRAL.search(line)):
+        return min(units, len(line))
+    counted = 0
+    for index, char in enumerate(line):
+        width = len(char.encode("utf-8")) if encoding == "utf-8" else (2 if ord(char) > 0xFFFF else 1)
+        if counted + width > units:
+            return index
+        counted += width
+    return len(line)
+
+
+def units_of(text: str, encoding: str) -> int:
+    """Code units of `text` in a position encoding."""
+    if encoding == "utf-8":
+        return utf8_size(text)
+    if encoding == "utf-32":
+        return len(text)
+    return len(text) + len(_ASTRAL.findall(text))
+
+
+def offset_at(
+    text: str, line: int, character: int, encoding: str = "utf-16", clamp_line: bool = False
+) -> int:
+    """Offset in `text` of an LSP position. A line past the end raises, or with clamp_line means the end.
+
+    >>> offset_at("ab\\ncd", 1, 1), offset_at("ab\\ncd", 0, 99)
+    (4, 2)
+    """
+    starts = line_starts(text)
+    if line < 0 or character < 0:
+        raise DocumentError(f"position {line}:{character} has a negative line or character")
+    if line >= len(starts):
+        if clamp_line:
+            return len(text)
+        raise DocumentError(
+            f"position {line}:{character} is outside the document, which has {len(starts)} line(s) (0-based)"
+        )
+    start, end = starts[line], line_end(text, starts, line)
+    return start + index_of_units(text[start:end], character, encoding)
+
+
+def apply_change(text: str, change: TextChange, encoding: str = "utf-16") -> str:
+    """The text after one content change; a range past the end is clamped to the end (as editors do)."""
+    if change.range is None:
+        return change.text
+    (start_line, start_char), (end_line, end_char) = change.range
+    start = offset_at(text, start_line, start_char, encoding, clamp_line=True)
+    end = offset_at(text, end_line, end_char, encoding, clamp_line=True)
+    start, end = min(start, end), max(start, end)
+    return text[:start] + change.text + text[end:]
+
+
+def cursor_context(text: str, line: int, character: int, encoding: str = "utf-16") -> CursorContext:
+    offset = offset_at(text, line, character, encoding)
+    line_start = line_starts(text)[line]
+    return CursorContext(prefix=text[:offset], suffix=text[offset:], line_prefix=text[line_start:offset])
+
+
+def refusal(uri: str, text: str, size: int, max_bytes: int) -> str | None:
+    """Why a document's text cannot be used for completions, or None when it can."""
+    if size > max_bytes:
+        return (
+            f"{uri} is {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB limit (--max-document-kb): "
+            "no completions in it, and it does not feed the n-gram corpus"
+        )
+    if looks_binary(text):
+        return f"{uri} looks binary (NUL or control characters): no completions in it"
+    return None
+
+
+# -- one client's open documents ------------------------------------------------------------------
+
+
+class DocumentStore:
+    """The open documents of one client. Refused documents keep only the reason, not their text."""
+
+    def __init__(self, max_document_bytes: int, max_total_bytes: int, encoding: str = "utf-16") -> None:
+        self.max_document_bytes = max_document_bytes
+        self.max_total_bytes = max_total_bytes
+        self.encoding = encoding
+        self._open: dict[str, OpenDocument] = {}
+        self._refused: dict[str, tuple[str, str]] = {}  # uri -> (reason, language id)
+
+    def __contains__(self, uri: str) -> bool:
+        return uri in self._open or uri in self._refused
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def is_refused(self, uri: str) -> bool:
+        return uri in self._refused
+
+    @property
+    def uris(self) -> list[str]:
+        return [*self._open, *self._refused]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(d.size for d in self._open.values())
+
+    def open(self, uri: str, text: str, version: int, language_id: str) -> str | None:
+        """Add a document; returns why it was refused, or None."""
+        self.close(uri)
+        return self._store(uri, clean_text(text), version, language_id)
+
+    def change(self, uri: str, version: int, changes: list[TextChange]) -> str | None:
+        """Apply content changes in order; returns why the document is now refused, or None."""
+        if uri in self._refused:
+            whole = [c for c in changes if c.range is None]
+            if whole:  # a full replacement lets a refused document back in
+                _, language_id = self._refused.pop(uri)
+                return self._store(uri, clean_text(whole[-1].text), version, language_id)
+            return None
+        doc = self._open.get(uri)
+        if doc is None:
+            raise DocumentError(f"{uri} is not open: didChange before didOpen")
+        text = doc.text
+        for change in changes:
+            text = apply_change(text, TextChange(clean_text(change.text), change.range), self.encoding)
+        del self._open[uri]
+        return self._store(uri, text, version, doc.language_id)
+
+    def close(self, uri: str) -> None:
+        self._open.pop(uri, None)
+        self._refused.pop(uri, None)
+
+    def get(self, uri: str) -> OpenDocument:
+        doc = self._open.get(uri)
+        if doc is not None:
+            return doc
+        if uri in self._refused:
+            raise DocumentError(self._refused[uri][0], refused=True)
+        raise DocumentError(
+            f"{uri} is not open: send textDocument/didOpen first (the server uses only the text clients send)"
+        )
+
+    def _store(self, uri: str, text: str, version: int, language_id: str) -> str | None:
+        size = utf8_size(text)
+        reason = refusal(uri, text, size, self.max_document_bytes)
+        if reason is None and self.total_bytes + size > self.max_total_bytes:
+            reason = (
+                f"{uri} does not fit: this client's open documents would exceed "
+                f"{self.max_total_bytes / 1e6:.0f} MB; close some documents"
+            )
+        if reason is not None:
+            self._refused[uri] = (reason, language_id)
+            return reason
+        self._open[uri] = OpenDocument(uri, text, version, language_id, size)
+        return None

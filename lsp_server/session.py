@@ -1,0 +1,219 @@
+"""One client's connection: its settings, its open documents, and its completion requests.
+
+The handlers in server.py call these methods; every engine call goes through the shared model
+worker. Methods run on the event loop's thread except where noted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lsprotocol import types
+from pygls.uris import to_fs_path
+
+from lsp_server.corpus import CorpusFeed
+from lsp_server.documents import CursorContext, DocumentStore, TextChange, cursor_context, units_of
+from lsp_server.settings import CompletionSettings, InvalidOptions, ServerLimits, apply_options
+from lsp_server.stats import ServerCounters
+from lsp_server.worker import CompletionInput, CompletionJob, CompletionOutcome, ModelWorker
+
+logger = logging.getLogger(__name__)
+
+CANCEL_REASONS = {
+    "superseded": "superseded by a newer completion request for the same document",
+    "closed": "the document was closed",
+    "disconnected": "the client disconnected",
+    "shutdown": "the server is shutting down",
+}
+
+
+@dataclass(slots=True)
+class SharedState:
+    """What every connection of one server shares: the model worker, the corpus and the counters."""
+
+    worker: ModelWorker
+    corpus: CorpusFeed
+    counters: ServerCounters
+    limits: ServerLimits
+    defaults: CompletionSettings
+    model: dict  # target, draft model, device: reported by specComplete/stats
+    draft_model_loaded: bool
+    clients: itertools.count = field(default_factory=lambda: itertools.count(1))
+    live_clients: set[int] = field(default_factory=set)
+
+    def stats(self) -> dict:
+        extra = {
+            "queued": self.worker.queued,
+            "clients": len(self.live_clients),
+            "corpus_documents": self.corpus.documents,
+            "corpus_tokens": self.corpus.total_tokens,
+            "model": self.model,
+        }
+        return self.counters.snapshot(extra)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The answer to one completion request."""
+
+    text: str
+    cursor: CursorContext
+    position: types.Position  # the cursor, clamped to its line
+
+
+class CompletionCancelled(Exception):
+    """The server dropped the request; `reason` is one of CANCEL_REASONS."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(CANCEL_REASONS.get(reason, reason or "cancelled"))
+        self.reason = reason
+
+
+class CompletionFailed(Exception):
+    """The engine failed on this request."""
+
+
+class ClientSession:
+    def __init__(self, shared: SharedState) -> None:
+        self.shared = shared
+        self.id = next(shared.clients)
+        self.settings = shared.defaults
+        self.documents = DocumentStore(shared.limits.max_document_bytes, shared.limits.max_client_bytes)
+        self._seeds = itertools.count()
+        shared.live_clients.add(self.id)
+
+    def doc_id(self, uri: str) -> str:
+        return f"{self.id}:{uri}"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def configure(self, options: object, position_encoding: str | None = None) -> None:
+        """Apply initializationOptions (or a configuration change); raises InvalidOptions."""
+        settings = apply_options(self.settings, options)
+        if settings.draft in ("model", "hybrid") and not self.shared.draft_model_loaded:
+            raise InvalidOptions(
+                f"draft {settings.draft!r} needs a draft model; this server was started without --draft-model"
+            )
+        self.settings = settings
+        if position_encoding:
+            self.documents.encoding = position_encoding
+
+    def disconnect(self) -> None:
+        """The connection is gone: cancel its requests and take its documents out of the corpus."""
+        self.shared.worker.cancel(lambda job: job.client == self.id, "disconnected")
+        for uri in self.documents.uris:
+            self.shared.corpus.remove(self.doc_id(uri))
+            self.documents.close(uri)
+        self.shared.live_clients.discard(self.id)
+
+    # -- documents -------------------------------------------------------------------------------
+
+    def open(self, uri: str, text: str, version: int, language_id: str) -> str | None:
+        """Returns why the document was refused, or None."""
+        refused = self.documents.open(uri, text, version, language_id)
+        self._feed(uri, refused)
+        return refused
+
+    def change(self, uri: str, version: int, changes: list[TextChange]) -> str | None:
+        was_refused = self.documents.is_refused(uri)
+        refused = self.documents.change(uri, version, changes)
+        self._feed(uri, refused)
+        return refused if refused and not was_refused else None
+
+    def close(self, uri: str) -> None:
+        self.shared.worker.cancel(lambda job: job.key == (self.id, uri), "closed")
+        self.documents.close(uri)
+        self.shared.corpus.remove(self.doc_id(uri))
+
+    def _feed(self, uri: str, refused: str | None) -> None:
+        if refused is None:
+            self.shared.corpus.update(self.doc_id(uri), self.documents.get(uri).text)
+        else:
+            self.shared.corpus.remove(self.doc_id(uri))
+
+    # -- completions -----------------------------------------------------------------------------
+
+    async def complete(
+        self, uri: str, position: types.Position, on_text: Callable[[Completion], None] | None = None
+    ) -> Completion:
+        """The completion at a position.
+
+        Raises DocumentError, ServerBusy, CompletionCancelled or CompletionFailed.
+
+        on_text, when given, receives the completion so far as it grows (on the event loop's thread).
+        """
+        doc = self.documents.get(uri)
+        cursor = cursor_context(doc.text, position.line, position.character, self.documents.encoding)
+        clamped = types.Position(position.line, units_of(cursor.line_prefix, self.documents.encoding))
+        request = CompletionInput(
+            uri=uri,
+            cursor=cursor,
+            language_id=doc.language_id,
+            path=to_fs_path(uri) or uri,
+            settings=self.settings,
+            seed=next(self._seeds),
+        )
+        reporter = None
+        if on_text is not None:
+            reporter = _LatestText(
+                asyncio.get_running_loop(), lambda text: on_text(Completion(text, cursor, clamped))
+            )
+        job = CompletionJob(client=self.id, input=request, on_text=reporter.offer if reporter else None)
+        self.shared.worker.submit(job)
+        try:
+            outcome: CompletionOutcome = await asyncio.wrap_future(job.result)
+        except asyncio.CancelledError:
+            self.shared.worker.cancel(lambda queued: queued is job, "client")
+            raise
+        if outcome.error:
+            raise CompletionFailed(f"the completion failed: {outcome.error}")
+        if outcome.cancelled:
+            raise CompletionCancelled(outcome.reason)
+        if reporter is not None:
+            reporter.finish(outcome.text)
+        return Completion(outcome.text, cursor, clamped)
+
+
+class _LatestText:
+    """Carries the growing completion from the worker thread to the event loop, latest first.
+
+    The worker offers text after every verify step; the loop sends only the newest it has not sent
+    (a slow client gets fewer, larger steps, never a backlog). `finish` sends the final text when it
+    differs from the last one sent, so the last partial result always equals the final result.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[str], None]) -> None:
+        self._loop = loop
+        self._send = send
+        self._lock = threading.Lock()
+        self._latest: str | None = None
+        self._scheduled = False
+        self.sent: str | None = None
+
+    def offer(self, text: str) -> None:  # worker thread
+        with self._lock:
+            self._latest = text
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def _flush(self) -> None:
+        with self._lock:
+            text, self._scheduled = self._latest, False
+        if text is not None and text != self.sent:
+            self.sent = text
+            self._send(text)
+
+    def finish(self, final: str) -> None:
+        if self.sent is not None and final != self.sent:
+            self.sent = final
+            self._send(final)

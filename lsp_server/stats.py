@@ -1,0 +1,97 @@
+"""The server's counters, as `specComplete/stats` returns them (the VS Code extension reads these names)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from completion_engine.types import Stats
+
+RECENT_REQUESTS = 32  # per-request stats kept for the stats request
+TTFT_SAMPLES = 1024
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile; None for no values.
+
+    >>> percentile([0.3, 0.1, 0.2], 0.5)
+    0.2
+    """
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(-(-q * len(ordered) // 1)) - 1))
+    return ordered[rank]
+
+
+@dataclass(slots=True)
+class _Totals:
+    requests: int = 0
+    cancelled: int = 0
+    busy: int = 0  # requests refused because the queue was full
+    errors: int = 0
+    tokens: int = 0
+    target_forwards: int = 0
+    prefill_tokens: int = 0
+    generation_s: float = 0.0
+    drafted: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+
+
+class ServerCounters:
+    """Thread-safe totals over every request the server has seen."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._totals = _Totals()
+        self._ttft: deque[float] = deque(maxlen=TTFT_SAMPLES)
+        self._recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)
+
+    def count(self, what: str) -> None:
+        """Add one to "requests", "cancelled", "busy" or "errors"."""
+        with self._lock:
+            setattr(self._totals, what, getattr(self._totals, what) + 1)
+
+    def record(self, stats: Stats, uri: str, cancelled: bool) -> None:
+        """Add one generation's engine stats."""
+        with self._lock:
+            t = self._totals
+            t.tokens += stats.tokens
+            t.target_forwards += stats.target_forwards
+            t.prefill_tokens += stats.prefill_tokens
+            t.generation_s += stats.wall_s
+            for name, source in stats.by_source.items():
+                t.drafted[name] = t.drafted.get(name, 0) + source.drafted
+                t.accepted[name] = t.accepted.get(name, 0) + source.accepted
+            if stats.tokens and not cancelled:
+                self._ttft.append(stats.ttft_s)
+            self._recent.append({"uri": uri, **stats.as_dict()})
+
+    def snapshot(self, extra: dict | None = None) -> dict:
+        with self._lock:
+            t = self._totals
+            ttft = list(self._ttft)
+            acceptance = {
+                name: (t.accepted.get(name, 0) / t.drafted[name] if t.drafted.get(name) else None)
+                for name in ("ngram", "model")
+            }
+            return {
+                "requests": t.requests,
+                "cancelled": t.cancelled,
+                "busy": t.busy,
+                "errors": t.errors,
+                "tokens": t.tokens,
+                "target_forwards": t.target_forwards,
+                "prefill_tokens": t.prefill_tokens,
+                "acceptance": acceptance,
+                "ttft_p50_s": _round(percentile(ttft, 0.5)),
+                "ttft_p95_s": _round(percentile(ttft, 0.95)),
+                "tokens_per_s": round(t.tokens / t.generation_s, 2) if t.generation_s > 0 else None,
+                "recent": list(self._recent),
+                **(extra or {}),
+            }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -1,0 +1,204 @@
+"""The one model worker: a thread that owns the engine and runs every client's completions in turn.
+
+Clients submit jobs from the event loop; the worker takes them from a fair, bounded queue. A job
+is cancelled through its Event, which the engine checks once per verify step, so a cancelled,
+superseded or disconnected request frees the worker within one step. Results come back through a
+concurrent Future; streamed text goes through the job's `on_text` callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+
+from completion_engine.types import Request, Stats
+from lsp_server.corpus import CorpusFeed
+from lsp_server.documents import CursorContext
+from lsp_server.fair_queue import FairQueue, QueueFull
+from lsp_server.prompt import prompt_window, stable_tail
+from lsp_server.settings import CompletionSettings
+from lsp_server.stats import ServerCounters
+from lsp_server.stopping import shaper_for
+
+logger = logging.getLogger(__name__)
+
+CHARS_PER_CONTEXT_TOKEN = 6  # generous: code averages 3-4 characters per token
+
+
+class ServerBusy(Exception):
+    """The queue is full; the message says so and how full."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionInput:
+    """Everything the worker needs for one completion (a snapshot: later edits do not touch it)."""
+
+    uri: str
+    cursor: CursorContext
+    language_id: str
+    path: str
+    settings: CompletionSettings
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOutcome:
+    text: str
+    stats: Stats
+    cancelled: bool = False
+    reason: str = ""  # why it was cancelled: "client" | "superseded" | "closed" | "disconnected"
+    error: str = ""  # set when the engine failed
+
+
+@dataclass(slots=True, eq=False)
+class CompletionJob:
+    client: int  # the connection that asked
+    input: CompletionInput
+    on_text: Callable[[str], None] | None = None  # worker thread: the visible completion so far
+    cancel: threading.Event = field(default_factory=threading.Event)
+    reason: str = ""
+    result: Future = field(default_factory=Future)  # Future[CompletionOutcome]
+
+    @property
+    def key(self) -> tuple[int, str]:
+        """Jobs with the same key supersede each other: one client's one document."""
+        return self.client, self.input.uri
+
+    def stop(self, reason: str) -> None:
+        if not self.cancel.is_set():
+            self.reason = reason
+            self.cancel.set()
+
+
+class ModelWorker:
+    """Owns the engine; every engine call happens on this worker's thread."""
+
+    def __init__(self, engine, corpus: CorpusFeed, counters: ServerCounters, queue_size: int) -> None:
+        self.engine = engine
+        self.corpus = corpus
+        self.counters = counters
+        self._queue: FairQueue[CompletionJob] = FairQueue(queue_size)
+        self._running: CompletionJob | None = None
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="model-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            if self._running is not None:
+                self._running.stop("shutdown")
+            self._wake.notify_all()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def submit(self, job: CompletionJob) -> None:
+        """Queue a job, superseding older jobs of the same client and document; ServerBusy when full."""
+        self.counters.count("requests")
+        with self._wake:
+            for old in self._queue.remove(lambda queued: queued.key == job.key):
+                old.stop("superseded")
+                self._finish_cancelled(old)
+            if self._running is not None and self._running.key == job.key:
+                self._running.stop("superseded")
+            try:
+                self._queue.put(job.client, job)
+            except QueueFull as full:
+                self.counters.count("busy")
+                raise ServerBusy(f"the server is busy: {full}; try again shortly") from None
+            self._wake.notify()
+
+    def cancel(self, predicate: Callable[[CompletionJob], bool], reason: str) -> None:
+        """Cancel every queued or running job the predicate selects."""
+        with self._wake:
+            for job in self._queue.remove(predicate):
+                job.stop(reason)
+                self._finish_cancelled(job)
+            if self._running is not None and predicate(self._running):
+                self._running.stop(reason)
+
+    # -- the worker thread ----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and len(self._queue) == 0:
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                job = self._queue.pop()
+                self._running = job
+            try:
+                outcome = self._run(job)
+            except Exception as error:  # a failed generation must not take the worker down
+                logger.exception("completion for %s failed", job.input.uri)
+                self.counters.count("errors")
+                outcome = CompletionOutcome("", Stats(), error=f"{type(error).__name__}: {error}")
+            with self._wake:
+                self._running = None
+            _resolve(job, outcome)
+
+    def _run(self, job: CompletionJob) -> CompletionOutcome:
+        if job.cancel.is_set():
+            self.counters.count("cancelled")
+            return CompletionOutcome("", Stats(), cancelled=True, reason=job.reason)
+        engine = self.engine
+        self.corpus.sync(engine, engine.corpus.set_document)
+        request_input = job.input
+        settings = request_input.settings
+        max_context = engine.config.max_context
+        prompt = prompt_window(request_input.cursor.prefix, max_context * CHARS_PER_CONTEXT_TOKEN)
+        context = stable_tail(engine.encode(prompt), max_context)
+        shaper = shaper_for(
+            request_input.cursor, request_input.language_id, request_input.path, settings.syntax
+        )
+        request = Request(
+            context=context,
+            max_new_tokens=settings.max_new_tokens,
+            temperature=settings.temperature,
+            seed=request_input.seed,
+            draft=settings.draft,
+        )
+        generation = engine.stream(request, cancel=job.cancel, stop_check=shaper.stop_at)
+        for chunk in generation:
+            if job.on_text is not None and chunk.text:
+                job.on_text(shaper.visible(generation.text))
+        cancelled = generation.stats.stop_reason == "cancelled"
+        self.counters.record(generation.stats, request_input.uri, cancelled)
+        stats = generation.stats
+        logger.info(
+            "%s: %d tokens, prefill %d, ttft %.3fs, %.3fs, %s%s",
+            request_input.uri,
+            stats.tokens,
+            stats.prefill_tokens,
+            stats.ttft_s,
+            stats.wall_s,
+            stats.stop_reason,
+            f" ({job.reason})" if cancelled else "",
+        )
+        if cancelled:
+            self.counters.count("cancelled")
+            return CompletionOutcome(generation.text, generation.stats, cancelled=True, reason=job.reason)
+        return CompletionOutcome(shaper.finalize(generation.text), generation.stats)
+
+    def _finish_cancelled(self, job: CompletionJob) -> None:
+        self.counters.count("cancelled")
+        _resolve(job, CompletionOutcome("", Stats(), cancelled=True, reason=job.reason))
+
+
+def _resolve(job: CompletionJob, outcome: CompletionOutcome) -> None:
+    """Hand the outcome over, unless the waiting side already gave up on it."""
+    if job.result.done():
+        return
+    try:
+        job.result.set_result(outcome)
+    except InvalidStateError:
+        pass

@@ -1,0 +1,178 @@
+"""The model worker with a fake engine whose steps the test releases one by one."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from completion_engine.types import Chunk, Stats
+from lsp_server.corpus import CorpusFeed
+from lsp_server.documents import CursorContext
+from lsp_server.fair_queue import FairQueue, QueueFull
+from lsp_server.settings import CompletionSettings
+from lsp_server.stats import ServerCounters
+from lsp_server.worker import CompletionInput, CompletionJob, ModelWorker, ServerBusy
+
+WAIT = 10  # seconds: generous on a busy machine; nothing here sleeps
+
+
+class FakeGeneration:
+    def __init__(self, engine, request, cancel):
+        self.engine, self.request, self.cancel = engine, request, cancel
+        self.stats = Stats()
+        self.text = ""
+
+    def __iter__(self):
+        self.engine.started.put(self.request.context)
+        for step in range(self.request.max_new_tokens):
+            if step and not self.engine.steps.acquire(timeout=WAIT):
+                raise AssertionError("the test never released this step")
+            if self.cancel is not None and self.cancel.is_set():
+                self.stats.stop_reason = "cancelled"
+                return
+            if self.engine.fail:
+                raise RuntimeError("boom")
+            self.text += "x"
+            self.stats.tokens += 1
+            yield Chunk(text="x", tokens=[1], source="none", accepted=0)
+        self.stats.stop_reason = "length"
+
+
+class FakeEngine:
+    def __init__(self):
+        import queue
+
+        self.config = SimpleNamespace(max_context=4096)
+        self.corpus = SimpleNamespace(
+            set_document=lambda doc_id, tokens: self.documents.__setitem__(doc_id, tokens)
+        )
+        self.documents: dict[str, list[int]] = {}
+        self.steps = threading.Semaphore(0)
+        self.started = queue.Queue()
+        self.fail = False
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def remove_document(self, doc_id):
+        self.documents.pop(doc_id, None)
+
+    def stream(self, request, cancel=None, stop_check=None):
+        return FakeGeneration(self, request, cancel)
+
+
+@pytest.fixture
+def worker():
+    engine = FakeEngine()
+    worker = ModelWorker(engine, CorpusFeed(1000), ServerCounters(), queue_size=2)
+    worker.start()
+    yield worker
+    worker.stop()
+    for _ in range(100):
+        engine.steps.release()
+
+
+def job(client: int, uri: str, tokens: int = 3) -> CompletionJob:
+    settings = CompletionSettings(max_new_tokens=tokens, syntax=False)
+    cursor = CursorContext(prefix=f"{uri}:", suffix="", line_prefix="")
+    return CompletionJob(client=client, input=CompletionInput(uri, cursor, "python", "/x.py", settings))
+
+
+def test_a_job_runs_to_the_end(worker):
+    first = job(1, "a", tokens=2)
+    worker.submit(first)
+    worker.engine.steps.release()
+    outcome = first.result.result(WAIT)
+    assert outcome.text == "xx" and not outcome.cancelled
+
+
+def test_a_new_job_for_the_same_document_supersedes_the_running_one(worker):
+    old, new = job(1, "a", tokens=50), job(1, "a", tokens=1)
+    worker.submit(old)
+    worker.engine.started.get(timeout=WAIT)
+    worker.submit(new)
+    worker.engine.steps.release()  # the old job's next step sees its cancel
+    outcome = old.result.result(WAIT)
+    assert outcome.cancelled and outcome.reason == "superseded"
+    assert new.result.result(WAIT).text == "x"
+
+
+def test_queued_jobs_are_superseded_at_once(worker):
+    running, queued, newer = job(1, "a", tokens=50), job(1, "b"), job(1, "b", tokens=1)
+    worker.submit(running)
+    worker.engine.started.get(timeout=WAIT)
+    worker.submit(queued)
+    worker.submit(newer)
+    assert queued.result.result(WAIT).reason == "superseded"  # answered without waiting for the model
+    worker.cancel(lambda j: j is running, "client")
+    worker.engine.steps.release()
+    assert running.result.result(WAIT).cancelled
+    assert newer.result.result(WAIT).text == "x"
+
+
+def test_a_full_queue_is_busy(worker):
+    worker.submit(job(1, "a", tokens=50))
+    worker.engine.started.get(timeout=WAIT)
+    worker.submit(job(1, "b"))
+    worker.submit(job(2, "c"))
+    with pytest.raises(ServerBusy, match="busy"):
+        worker.submit(job(3, "d"))
+    assert worker.counters.snapshot()["busy"] == 1
+
+
+def test_disconnecting_cancels_every_job_of_that_client(worker):
+    running, queued, other = job(1, "a", tokens=50), job(1, "b"), job(2, "c", tokens=1)
+    worker.submit(running)
+    worker.engine.started.get(timeout=WAIT)
+    worker.submit(queued)
+    worker.submit(other)
+    worker.cancel(lambda j: j.client == 1, "disconnected")
+    assert queued.result.result(WAIT).reason == "disconnected"
+    worker.engine.steps.release()
+    assert running.result.result(WAIT).reason == "disconnected"
+    assert other.result.result(WAIT).text == "x"
+    assert worker.counters.snapshot()["cancelled"] == 2
+
+
+def test_an_engine_failure_is_reported_and_the_worker_goes_on(worker):
+    worker.engine.fail = True
+    failing = job(1, "a")
+    worker.submit(failing)
+    assert "boom" in failing.result.result(WAIT).error
+    worker.engine.fail = False
+    after = job(1, "b", tokens=1)
+    worker.submit(after)
+    assert after.result.result(WAIT).text == "x"
+
+
+def test_fair_queue_takes_turns_and_is_bounded():
+    queue = FairQueue(capacity=4)
+    for item in ("a1", "a2", "a3"):
+        queue.put("a", item)
+    queue.put("b", "b1")
+    with pytest.raises(QueueFull):
+        queue.put("c", "c1")
+    assert [queue.pop() for _ in range(4)] == ["a1", "b1", "a2", "a3"]
+    assert queue.pop() is None and len(queue) == 0
+    queue.put("a", "x")
+    queue.put("b", "y")
+    assert queue.remove(lambda item: item == "x") == ["x"]
+    assert len(queue) == 1 and queue.pop() == "y"
+
+
+def test_corpus_feed_is_lazy_and_bounded():
+    engine = FakeEngine()
+    feed = CorpusFeed(max_tokens=10)
+    feed.update("a", "aaaa")
+    feed.update("a", "aaaaa")  # only the latest text is tokenised
+    feed.update("b", "bbbb")
+    assert engine.documents == {}
+    feed.sync(engine, engine.corpus.set_document)
+    assert set(engine.documents) == {"a", "b"} and feed.total_tokens == 9
+    feed.update("c", "cc")  # over the cap: the least recently edited ("a") goes
+    feed.sync(engine, engine.corpus.set_document)
+    assert set(engine.documents) == {"b", "c"}
+    feed.remove("b")
+    feed.update("huge", "h" * 11)  # larger than the whole budget: never indexed
+    feed.sync(engine, engine.corpus.set_document)
+    assert set(engine.documents) == {"c"}
