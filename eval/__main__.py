@@ -1,0 +1,7 @@
+"""`python -m eval humaneval|repo ...`, `python -m eval bench ...`"""
+
+import sys
+
+from eval.cli import main
+
+sys.exit(main())

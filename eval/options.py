@@ -1,0 +1,159 @@
+"""Command-line options shared by `eval humaneval`, `eval repo` and `bench`, and what they build."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from completion_engine.config import DEFAULT_TARGET, EngineConfig
+from completion_engine.types import DRAFT_METHODS
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    model = parser.add_argument_group("model and engine")
+    model.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help=f"target model: {DEFAULT_TARGET} (embedded), tiny-random, a folder, a .gguf or a hub id",
+    )
+    model.add_argument("--draft-model", default=None, help="draft model for the 'model' and 'hybrid' methods")
+    model.add_argument("--dtype", default="auto", help="auto (bf16) | bfloat16 | float16 | float32")
+    model.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    model.add_argument(
+        "--inexact",
+        action="store_true",
+        help="stock-shaped forward (EngineConfig(exact=False)): faster, outputs may differ",
+    )
+    model.add_argument(
+        "--max-draft", type=int, default=EngineConfig().max_draft, help="tokens drafted per step"
+    )
+    model.add_argument(
+        "--max-context",
+        type=int,
+        default=EngineConfig().max_context,
+        help="context tokens kept before the cursor (the oldest are cut)",
+    )
+    model.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+    run = parser.add_argument_group("run")
+    run.add_argument(
+        "--draft",
+        action="append",
+        default=None,
+        metavar="METHODS",
+        help=f"draft methods, comma-separated or repeated (default: {','.join(DRAFT_METHODS)}); "
+        "'none' always runs, as the baseline",
+    )
+    run.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="token budget per completion")
+    run.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per method and case; the fastest counts (for shared machines)",
+    )
+    run.add_argument("--out", default=None, help="output folder (default: eval/out/<suite>-<timestamp>)")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run in --out (default: the latest eval/out/<suite>-*)",
+    )
+    run.add_argument("--no-peers", action="store_true", help="skip the Hugging Face generate() peers")
+    run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    run.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def requested_methods(args: argparse.Namespace) -> list[str]:
+    if not args.draft:
+        return list(DRAFT_METHODS)
+    return [m.strip() for value in args.draft for m in value.split(",") if m.strip()]
+
+
+def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
+    config = EngineConfig(
+        target=args.target,
+        draft_model=args.draft_model,
+        device=args.device,
+        dtype=args.dtype,
+        exact=not args.inexact,
+        max_draft=args.max_draft,
+        max_context=args.max_context,
+    )
+    return replace(config, **overrides)
+
+
+def build_engine(config: EngineConfig, progress: bool):
+    from completion_engine.engine import CompletionEngine
+
+    return CompletionEngine.from_config(config, progress=progress)
+
+
+def build_peers(config: EngineConfig, progress: bool, names: tuple[str, ...] | None = None):
+    """Stock HF models from the same folders, in the same dtype, on the same device as the engine."""
+    from completion_engine.models import resolve_device, resolve_dtype, resolve_source
+    from eval.peers import HfPeers
+
+    target = resolve_source(config.target, progress)
+    draft = resolve_source(config.draft_model, progress) if config.draft_model else None
+    return HfPeers(target, draft, resolve_dtype(config.dtype), resolve_device(config.device), names=names)
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    """--threads, else SPEC_COMPLETE_THREADS (as the engine reads it), else torch's default."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        return
+    try:
+        from completion_engine.models import apply_thread_setting
+    except ImportError:
+        return
+    apply_thread_setting()
+
+
+def run_meta(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    methods: tuple[str, ...],
+    suite: str,
+    root: Path | None,
+    notes: list[str],
+    peers: bool,
+) -> dict:
+    """What a run's results depend on (a resume must match it) and the machine it ran on."""
+    from eval.stopping import stopper_description
+    from eval.suite import machine_meta
+
+    return {
+        "suite": suite,
+        "command": command_line(),
+        "target": config.target,
+        "draft_model": config.draft_model,
+        "dtype": config.dtype if config.dtype != "auto" else "bfloat16 (auto)",
+        "exact": config.exact,
+        "methods": list(methods),
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "max_draft": config.max_draft,
+        "max_context": config.max_context,
+        "peers": peers,
+        "stopper": stopper_description(),
+        "notes": notes,
+        "seed": getattr(args, "seed", None) if root is not None else None,
+        "root": str(Path(root).resolve()) if root is not None else None,
+        **machine_meta(),
+    }
+
+
+def say(message: str) -> None:
+    print(f"spec-complete: {message}", file=sys.stderr, flush=True)
+
+
+def command_line() -> str:
+    program = Path(sys.argv[0]).name
+    if program == "__main__.py":
+        program = "python -m eval"
+    return " ".join([program, *sys.argv[1:]])

@@ -1,0 +1,118 @@
+"""Peers on the same cases: stock Hugging Face `generate()` with the same model, dtype and machine.
+
+- hf_plain: greedy `generate()`, the fastest plain decoding available (the speed reference).
+- hf_prompt_lookup: `generate(prompt_lookup_num_tokens=k)`, HF's n-gram speculation over the prompt.
+- hf_assisted: `generate(assistant_model=draft)`, HF's draft-model speculation (needs a draft model).
+
+Each generates exactly as many tokens as our plain decode did for the case, so the outputs compare
+token for token. Their time to first token is a separate `max_new_tokens=1` call; the decode phase
+is the rest. HF keeps no KV cache across calls: every call prefills the whole context.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+PEERS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRun:
+    tokens: list[int]  # generated token ids
+    wall_s: float  # the whole generate() call, prefill included
+
+    def as_dict(self, ttft_s: float) -> dict:
+        # As the engine's Stats: every generated token over the time after the prefill.
+        decode_s = max(self.wall_s - ttft_s, 0.0)
+        return {
+            "tokens": len(self.tokens),
+            "wall_s": round(self.wall_s, 4),
+            "decode_s": round(decode_s, 4),
+            "decode_tokens_per_s": round(len(self.tokens) / decode_s, 2) if decode_s > 0 else 0.0,
+        }
+
+
+class HfPeers:
+    """Stock transformers models loaded from the same folders as the engine's target and draft."""
+
+    def __init__(
+        self,
+        target_source,
+        draft_source=None,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cpu",
+        prompt_lookup_tokens: int = 10,
+        names: tuple[str, ...] | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.device = torch.device(device)
+        self.prompt_lookup_tokens = prompt_lookup_tokens
+        self.model = AutoModelForCausalLM.from_pretrained(target_source, dtype=dtype).to(self.device).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
+        self.draft = None
+        if draft_source is not None:
+            self.draft = (
+                AutoModelForCausalLM.from_pretrained(draft_source, dtype=dtype).to(self.device).eval()
+            )
+        available = PEERS if self.draft is not None else PEERS[:2]
+        self.names = tuple(n for n in (names or available) if n in available)
+        if "hf_plain" not in self.names:
+            self.names = ("hf_plain", *self.names)  # the others are compared with it
+
+    @torch.inference_mode()
+    def generate(self, context: Sequence[int], new_tokens: int, peer: str = "hf_plain") -> PeerRun:
+        input_ids = torch.tensor([list(context)], dtype=torch.long, device=self.device)
+        options = {}
+        if peer == "hf_prompt_lookup":
+            options["prompt_lookup_num_tokens"] = self.prompt_lookup_tokens
+        elif peer == "hf_assisted":
+            if self.draft is None:
+                raise ValueError("hf_assisted needs a draft model")
+            options["assistant_model"] = self.draft
+        elif peer != "hf_plain":
+            raise ValueError(f"unknown peer {peer!r}")
+        started = time.perf_counter()
+        output = self.model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            pad_token_id=self.model.config.eos_token_id if self.model.config.pad_token_id is None else None,
+            **options,
+        )
+        wall_s = time.perf_counter() - started
+        tokens = output[0, input_ids.shape[1] :].tolist()
+        while tokens and tokens[-1] in self.eos_ids:  # the engine keeps no EOS token either
+            tokens.pop()
+        return PeerRun(tokens=tokens, wall_s=wall_s)
+
+    def run_case(self, context: Sequence[int], new_tokens: int, engine_tokens: Sequence[int]) -> dict:
+        """Every peer on one context: speed, and whether its tokens equal plain generate's (and ours)."""
+        new_tokens = max(new_tokens, 1)
+        ttft_s = self.generate(context, 1).wall_s
+        results: dict[str, dict] = {}
+        plain: PeerRun | None = None
+        for name in self.names:
+            run = self.generate(context, new_tokens, name)
+            row = run.as_dict(ttft_s)
+            row["ttft_s"] = round(ttft_s, 4)
+            if plain is None:
+                plain = run
+                row["equal_engine_none"] = run.tokens == list(engine_tokens[:new_tokens])
+            else:
+                row["equal_hf_plain"] = run.tokens == plain.tokens
+                plain_decode = plain.as_dict(ttft_s)["decode_s"]
+                row["speedup_over_hf_plain"] = (
+                    round(plain_decode / row["decode_s"], 3) if row["decode_s"] > 0 else None
+                )
+            results[name] = row
+        return results

@@ -1,0 +1,396 @@
+"""Turn result rows into the run's outputs: results.json, summary.md and PNG plots.
+
+Aggregates are over cases, weighted by work: tokens/s is total tokens over total decode time, and
+a method's speedup is the total decode time of plain decoding over its own on the same cases
+(the geometric mean of per-case speedups is given beside it). Every speed is decode phase only:
+wall time minus prefill, with the prefill reused from a cold run so all methods start equal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from eval.metrics import geometric_mean, median
+
+QUALITY_LABELS = {
+    "exact_match_first_line": "first-line exact match",
+    "edit_similarity": "edit similarity",
+    "syntax_valid": "syntax valid",
+    "passed": "pass@1",
+}
+
+
+# -- aggregation ------------------------------------------------------------------------------
+
+
+def method_names(rows: list[dict]) -> list[str]:
+    names: list[str] = []
+    for row in rows:
+        names += [m for m in row["methods"] if m not in names]
+    return names
+
+
+def peer_names(rows: list[dict]) -> list[str]:
+    names: list[str] = []
+    for row in rows:
+        names += [p for p in row.get("peers", {}) if p not in names]
+    return names
+
+
+def summarize_method(rows: list[dict], method: str) -> dict:
+    """Aggregate speed, acceptance and quality of one engine method over the rows that ran it."""
+    runs = [(row, row["methods"][method]) for row in rows if method in row["methods"]]
+    if not runs:
+        return {"cases": 0}
+    tokens = sum(r["tokens"] for _, r in runs)
+    decode_s = sum(r["decode_s"] for _, r in runs)
+    plain_decode_s = sum(row["methods"]["none"]["decode_s"] for row, _ in runs)
+    forwards = sum(r["stats"]["target_forwards"] for _, r in runs)
+    steps = sum(sum(r["stats"]["accepted_hist"].values()) for _, r in runs)
+    accepted = sum(r["stats"]["accepted"] for _, r in runs)
+    by_source: dict[str, list[int]] = {}
+    for _, r in runs:
+        for source, s in r["stats"]["by_source"].items():
+            totals = by_source.setdefault(source, [0, 0])
+            totals[0] += s["drafted"]
+            totals[1] += s["accepted"]
+    return {
+        "cases": len(runs),
+        "tokens": tokens,
+        "decode_s": round(decode_s, 4),
+        "decode_tokens_per_s": round(tokens / decode_s, 2) if decode_s > 0 else 0.0,
+        "speedup": round(plain_decode_s / decode_s, 3) if decode_s > 0 else None,
+        "speedup_geomean": _round(geometric_mean([r["speedup"] for _, r in runs if r.get("speedup")])),
+        "mean_accepted_len": round((accepted + steps) / steps, 3) if steps else 0.0,
+        "acceptance_rate": {s: round(a / d, 4) if d else 0.0 for s, (d, a) in sorted(by_source.items())},
+        "forwards_per_token": round(forwards / tokens, 4) if tokens else None,
+        "median_ttft_s": _round(median([r["ttft_s"] for _, r in runs]), 4),
+        "identical": sum(1 for _, r in runs if r.get("identical", True)),
+        "quality": summarize_quality([r.get("metrics", {}) for _, r in runs]),
+    }
+
+
+def summarize_peer(rows: list[dict], peer: str) -> dict:
+    runs = [(row, row["peers"][peer]) for row in rows if peer in row.get("peers", {})]
+    if not runs:
+        return {"cases": 0}
+    tokens = sum(r["tokens"] for _, r in runs)
+    decode_s = sum(r["decode_s"] for _, r in runs)
+    plain_decode_s = sum(row["peers"]["hf_plain"]["decode_s"] for row, _ in runs)
+    summary = {
+        "cases": len(runs),
+        "tokens": tokens,
+        "decode_s": round(decode_s, 4),
+        "decode_tokens_per_s": round(tokens / decode_s, 2) if decode_s > 0 else 0.0,
+        "speedup": round(plain_decode_s / decode_s, 3) if decode_s > 0 else None,
+        "speedup_geomean": _round(geometric_mean([r.get("speedup_over_hf_plain") or 1.0 for _, r in runs])),
+        "median_ttft_s": _round(median([r["ttft_s"] for _, r in runs]), 4),
+    }
+    if peer == "hf_plain":
+        summary["equal_engine_none"] = sum(1 for _, r in runs if r.get("equal_engine_none"))
+    else:
+        summary["equal_hf_plain"] = sum(1 for _, r in runs if r.get("equal_hf_plain"))
+    return summary
+
+
+def summarize_quality(metrics: list[dict]) -> dict:
+    """Mean of every numeric or boolean metric (booleans become rates)."""
+    names = sorted(
+        {name for m in metrics for name, value in m.items() if isinstance(value, bool | int | float)}
+    )
+    return {
+        name: round(
+            sum(float(m[name]) for m in metrics if name in m) / sum(1 for m in metrics if name in m), 4
+        )
+        for name in names
+    }
+
+
+def mismatches(rows: list[dict]) -> list[dict]:
+    """Every (case, method) whose output differs from plain decoding's, with where it diverges."""
+    found = []
+    for row in rows:
+        plain = row["methods"]["none"].get("raw_text", row["methods"]["none"]["text"])
+        for method, result in row["methods"].items():
+            if not result.get("identical", True):
+                index = result.get("first_difference") or 0
+                found.append(
+                    {
+                        "case_id": row["case_id"],
+                        "method": method,
+                        # same tokens but a different cut: the stop check depended on how text arrived
+                        "cause": "different stop point" if result.get("tokens_agree") else "different tokens",
+                        "first_difference": index,
+                        "plain": plain[max(index - 20, 0) : index + 40],
+                        "method_text": result.get("raw_text", result["text"])[
+                            max(index - 20, 0) : index + 40
+                        ],
+                    }
+                )
+    return found
+
+
+def accepted_histogram(rows: list[dict], method: str) -> Counter:
+    """Verify steps by accepted draft length, over every case."""
+    histogram: Counter = Counter()
+    for row in rows:
+        result = row["methods"].get(method)
+        if result:
+            histogram.update({int(k): v for k, v in result["stats"]["accepted_hist"].items()})
+    return histogram
+
+
+def summarize(rows: list[dict]) -> dict:
+    return {
+        "cases": len(rows),
+        "methods": {m: summarize_method(rows, m) for m in method_names(rows)},
+        "peers": {p: summarize_peer(rows, p) for p in peer_names(rows)},
+        "lossless_mismatches": mismatches(rows),
+        "median_cold_ttft_s": _round(median([row["cold_ttft_s"] for row in rows]), 4),
+        "median_context_tokens": median([row["context_tokens"] for row in rows]),
+    }
+
+
+# -- Markdown ---------------------------------------------------------------------------------
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    lines = [f"# {meta.get('suite', 'eval')}: {summary['cases']} cases", ""]
+    if meta.get("command"):
+        lines += [f"Command: `{meta['command']}`", ""]
+    facts = [
+        f"target `{meta.get('target')}`",
+        f"draft model `{meta.get('draft_model')}`" if meta.get("draft_model") else "no draft model",
+        f"dtype {meta.get('dtype')}",
+        "exact" if meta.get("exact", True) else "inexact",
+        f"max_new_tokens {meta.get('max_new_tokens')}",
+        f"stop by {meta.get('stopper')}",
+        f"{meta.get('torch_threads')} torch threads on {meta.get('cpu')}",
+        f"median context {summary['median_context_tokens']} tokens",
+        f"median cold TTFT {_fmt(summary['median_cold_ttft_s'])} s",
+    ]
+    lines += ["; ".join(f for f in facts if f) + ".", ""]
+    for note in meta.get("notes", []):
+        lines += [f"Note: {note}", ""]
+    lines += speed_table(summary)
+    lines += [""] + lossless_section(summary)
+    quality = quality_table(summary)
+    if quality:
+        lines += [""] + quality
+    return "\n".join(lines) + "\n"
+
+
+def speed_table(summary: dict) -> list[str]:
+    hf_plain = summary["peers"].get("hf_plain", {}).get("decode_tokens_per_s")
+    lines = [
+        "Speeds are decode phase only (wall time minus prefill). Speedup: plain decoding's total decode time "
+        "over the method's, same cases (geometric mean of per-case speedups in brackets); engine methods "
+        "against the engine's `none`, HF peers against `hf_plain`. vs HF plain: decode tokens/s over stock "
+        "`generate()`'s. TTFT: engine methods start after the case's cold prefill (its TTFT is above), "
+        "so theirs is a one-token prefill and the first step; HF prefills the whole context on every call.",
+        "",
+        "| method | cases | decode tok/s | speedup | vs HF plain | mean accepted len | acceptance | "
+        "target fwd/token | median TTFT s | same output as plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method, s in summary["methods"].items():
+        acceptance = ", ".join(f"{src} {rate:.0%}" for src, rate in s["acceptance_rate"].items()) or "-"
+        lines.append(
+            f"| {method} | {s['cases']} | {s['decode_tokens_per_s']:.1f} | {_fmt(s['speedup'])}x "
+            f"({_fmt(s['speedup_geomean'])}) | {_ratio(s['decode_tokens_per_s'], hf_plain)} | "
+            f"{s['mean_accepted_len']:.2f} | {acceptance} | {_fmt(s['forwards_per_token'])} | "
+            f"{_fmt(s['median_ttft_s'], 3)} | {s['identical']}/{s['cases']} |"
+        )
+    for peer, s in summary["peers"].items():
+        if peer == "hf_plain":
+            same = f"{s['equal_engine_none']}/{s['cases']} equal engine `none`"
+        else:
+            same = f"{s['equal_hf_plain']}/{s['cases']}"
+        lines.append(
+            f"| {peer} | {s['cases']} | {s['decode_tokens_per_s']:.1f} | {_fmt(s['speedup'])}x "
+            f"({_fmt(s['speedup_geomean'])}) | {_ratio(s['decode_tokens_per_s'], hf_plain)} | - | - | - | "
+            f"{_fmt(s['median_ttft_s'], 3)} | {same} |"
+        )
+    return lines
+
+
+def lossless_section(summary: dict) -> list[str]:
+    found = summary["lossless_mismatches"]
+    runs = sum(s["cases"] for m, s in summary["methods"].items() if m != "none")
+    if not found:
+        return [f"Lossless check: every output of every draft method equals plain decoding's ({runs} runs)."]
+    lines = [
+        f"**Lossless check FAILED: {len(found)} of {runs} runs differ from plain decoding.**",
+        "",
+        "| case | method | cause | first differing char | plain | method |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in found:
+        lines.append(
+            f"| {m['case_id']} | {m['method']} | {m['cause']} | {m['first_difference']} | "
+            f"`{_cell(m['plain'])}` | `{_cell(m['method_text'])}` |"
+        )
+    return lines
+
+
+def quality_table(summary: dict) -> list[str]:
+    names = sorted({n for s in summary["methods"].values() for n in s.get("quality", {})})
+    names = [n for n in QUALITY_LABELS if n in names]
+    if not names:
+        return []
+    lines = [
+        "| method | " + " | ".join(QUALITY_LABELS[n] for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for method, s in summary["methods"].items():
+        cells = [_quality_cell(n, s["quality"].get(n)) for n in names]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _quality_cell(name: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if name == "edit_similarity" else f"{value:.0%}"
+
+
+# -- plots ------------------------------------------------------------------------------------
+
+
+def plot(rows: list[dict], summary: dict, folder: Path) -> list[Path]:
+    """speedup.png, accepted_lengths.png and ttft.png in `folder`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    # Speedup per method: per-case points over a bar of the aggregate.
+    labels, aggregates, points = [], [], []
+    for method, s in summary["methods"].items():
+        labels.append(method)
+        aggregates.append(s["speedup"] or 0.0)
+        points.append([row["methods"][method]["speedup"] or 0.0 for row in rows if method in row["methods"]])
+    for peer, s in summary["peers"].items():
+        labels.append(peer)
+        aggregates.append(s["speedup"] or 0.0)
+        points.append(
+            [
+                row["peers"][peer].get("speedup_over_hf_plain") or 1.0
+                for row in rows
+                if peer in row.get("peers", {})
+            ]
+        )
+    figure, axes = plt.subplots(figsize=(max(5, 1.2 * len(labels)), 4))
+    colours = ["tab:blue" if label in summary["methods"] else "tab:gray" for label in labels]
+    axes.bar(labels, aggregates, color=colours, alpha=0.6)
+    for index, values in enumerate(points):
+        axes.scatter([index] * len(values), values, color="black", s=10, zorder=3)
+    axes.axhline(1.0, color="red", linewidth=0.8)
+    axes.set_ylabel("decode-phase speedup over plain")
+    axes.set_title("Decode-phase speedup (bars: all cases; dots: per case; grey: HF)", fontsize=10)
+    written.append(_save(figure, folder / "speedup.png"))
+
+    # Accepted draft length per verify step.
+    drafting = [m for m in summary["methods"] if m != "none"]
+    figure, axes = plt.subplots(figsize=(6, 4))
+    width = 0.8 / max(len(drafting), 1)
+    for offset, method in enumerate(drafting):
+        histogram = accepted_histogram(rows, method)
+        steps = sum(histogram.values()) or 1
+        lengths = sorted(histogram)
+        axes.bar(
+            [n + offset * width for n in lengths],
+            [histogram[n] / steps for n in lengths],
+            width,
+            label=method,
+        )
+    axes.set_xlabel("draft tokens accepted in a verify step")
+    axes.set_ylabel("share of verify steps")
+    axes.set_title("Accepted lengths")
+    if drafting:
+        axes.legend()
+    written.append(_save(figure, folder / "accepted_lengths.png"))
+
+    # Time to first token: the cold prefill, each method after it, and the HF peers (full prefill each).
+    series = {"engine cold": [row["cold_ttft_s"] for row in rows]}
+    for method in summary["methods"]:
+        series[f"{method} (warm)"] = [
+            row["methods"][method]["ttft_s"] for row in rows if method in row["methods"]
+        ]
+    if "hf_plain" in summary["peers"]:
+        series["HF generate"] = [row["peers"]["hf_plain"]["ttft_s"] for row in rows if "peers" in row]
+    figure, axes = plt.subplots(figsize=(max(5, 1.3 * len(series)), 4))
+    axes.boxplot(list(series.values()), tick_labels=list(series))
+    axes.set_ylabel("time to first token (s)")
+    axes.set_title("TTFT distribution")
+    axes.tick_params(axis="x", labelrotation=20)
+    written.append(_save(figure, folder / "ttft.png"))
+    return written
+
+
+def _save(figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return path
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+def write_report(folder: Path, rows: list[dict], meta: dict, plots: bool = True) -> str:
+    """results.json (meta, summary, one row per case), summary.md and the plots; return the Markdown."""
+    summary = summarize(rows)
+    (folder / "results.json").write_text(
+        json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1)
+    )
+    text = markdown(summary, meta)
+    if plots and rows:
+        written = plot(rows, summary, folder)
+        text += "\nPlots: " + ", ".join(p.name for p in written) + "\n"
+    (folder / "summary.md").write_text(text)
+    return text
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a JSON-lines file; a line cut short by an interrupted run is dropped."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def append_row(path: Path, row: dict) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+        handle.flush()
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return round(value, digits) if value is not None else None
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    if not value or not reference:
+        return "-"
+    return f"{value / reference:.2f}x"
+
+
+def _cell(text: str) -> str:
+    return text.replace("\n", "\\n").replace("|", "\\|").replace("`", "'")
