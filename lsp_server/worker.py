@@ -89,12 +89,18 @@ class ModelWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the running job (it ends within one verify step) and wait for the thread.
+
+        Waiting matters: a process that exits while this thread is inside a torch call aborts.
+        """
         with self._wake:
             self._stopping = True
             if self._running is not None:
                 self._running.stop("shutdown")
             self._wake.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
 
     @property
     def queued(self) -> int:
