@@ -67,9 +67,9 @@ def worker():
     worker = ModelWorker(engine, CorpusFeed(1000), ServerCounters(), queue_size=2)
     worker.start()
     yield worker
-    worker.stop()
-    for _ in range(100):
+    for _ in range(100):  # let a job blocked on its next step see the stop at once
         engine.steps.release()
+    worker.stop()
 
 
 def job(client: int, uri: str, tokens: int = 3) -> CompletionJob:
