@@ -92,11 +92,14 @@ def build_engine(config: EngineConfig, progress: bool):
 
 def build_peers(config: EngineConfig, progress: bool, names: tuple[str, ...] | None = None):
     """Stock HF models from the same folders, in the same dtype, on the same device as the engine."""
+    from completion_engine.distilled import DISTILLED_NAME
     from completion_engine.models import resolve_device, resolve_dtype, resolve_source
     from eval.peers import HfPeers
 
     target = resolve_source(config.target, progress)
-    draft = resolve_source(config.draft_model, progress) if config.draft_model else None
+    # the distilled draft borrows the target's embedding and is no transformers model: no hf_assisted peer
+    hf_draft = config.draft_model if config.draft_model != DISTILLED_NAME else None
+    draft = resolve_source(hf_draft, progress) if hf_draft else None
     return HfPeers(target, draft, resolve_dtype(config.dtype), resolve_device(config.device), names=names)
 
 
