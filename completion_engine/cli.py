@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from completion_engine.config import DEFAULT_TARGET, EngineConfig
+from completion_engine.defaults import default_draft_method, default_draft_model
 from completion_engine.types import DRAFT_METHODS
 
 
@@ -51,7 +52,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--target", default=DEFAULT_TARGET, help="model: smollm2-135m, a folder, a .gguf file or hub id"
     )
     parser.add_argument(
-        "--draft-model", default=None, help="small draft model (same forms), for --draft model|hybrid"
+        "--draft-model",
+        default=None,
+        help="draft model (same forms) for --draft model|hybrid; the embedded target gets its shipped one",
     )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--dtype", default="auto", help="auto (bf16) | bfloat16 | float16 | float32")
@@ -81,7 +84,11 @@ def add_complete_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--open", action="append", default=[], metavar="OTHER_FILE", help="another open file (n-gram)"
     )
-    parser.add_argument("--draft", default="ngram", help=f"draft method: {' | '.join(DRAFT_METHODS)}")
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help=f"draft method: {' | '.join(DRAFT_METHODS)} (default: hybrid with a draft model, else ngram)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -93,9 +100,16 @@ def add_complete_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
 
 
+def resolve_draft_defaults(args: argparse.Namespace) -> None:
+    """Fill in --draft-model and --draft when not given (the shipped draft for the embedded target)."""
+    args.draft_model = args.draft_model or default_draft_model(args.target)
+    args.draft = args.draft or default_draft_method(args.draft_model)
+
+
 def run_complete(args: argparse.Namespace) -> int:
     from completion_engine.completion import complete_file
 
+    resolve_draft_defaults(args)
     if args.draft not in DRAFT_METHODS:
         raise UsageError(f"unknown draft method {args.draft!r}; choose one of {', '.join(DRAFT_METHODS)}")
     if args.draft in ("model", "hybrid") and not args.draft_model:

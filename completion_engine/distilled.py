@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
+from completion_engine.defaults import DISTILLED_DIR, DISTILLED_NAME
+from completion_engine.defaults import DISTILLED_WEIGHTS as WEIGHTS_FILE
 from completion_engine.runner import DecoderShape, DecoderWeights, LayerWeights
 
-DISTILLED_NAME = "smollm2-135m-draft"
-DISTILLED_DIR = Path(__file__).resolve().parent / "data" / DISTILLED_NAME
-WEIGHTS_FILE = "draft.safetensors"
+__all__ = ["DISTILLED_DIR", "DISTILLED_NAME", "WEIGHTS_FILE"]
 CONFIG_FILE = "draft.json"
 
 

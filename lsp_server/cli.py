@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from completion_engine.cli import resolve_draft_defaults
 from completion_engine.types import DRAFT_METHODS
 from lsp_server.settings import MAX_NEW_TOKENS_CAP, CompletionSettings, ServerLimits
 
@@ -51,7 +52,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="smollm2-135m (embedded), tiny-random, a folder, a .gguf or a hub id",
     )
     model.add_argument(
-        "--draft-model", default=None, help="draft model for --draft model|hybrid (same forms)"
+        "--draft-model",
+        default=None,
+        help="draft model for --draft model|hybrid (same forms); the embedded target gets its shipped one",
     )
     model.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     model.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
@@ -67,7 +70,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "completions (a client's initializationOptions may override these)"
     )
     completion.add_argument(
-        "--draft", choices=DRAFT_METHODS, default="ngram", help="draft method (default: ngram)"
+        "--draft",
+        choices=DRAFT_METHODS,
+        default=None,
+        help="draft method (default: hybrid when a draft model is loaded, else ngram)",
     )
     completion.add_argument(
         "--max-new-tokens", type=int, default=64, help="tokens per completion (default: 64)"
@@ -113,6 +119,7 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
         return "the token is too short: use at least 8 characters (e.g. `openssl rand -hex 16`)"
     if not 0 <= args.port <= 65535:
         return f"--port must be 0..65535, not {args.port}"
+    resolve_draft_defaults(args)
     if args.draft in ("model", "hybrid") and not args.draft_model:
         return f"--draft {args.draft} needs --draft-model"
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS_CAP:
