@@ -24,7 +24,7 @@ run: install
 
 # One completion from the command line, with its stats.
 complete: install
-	$(BIN)/spec-complete complete examples/sample.py --line 23 --col 0 --open examples/shapes.py
+	$(BIN)/spec-complete complete examples/sample.py --line 22 --col 28 --open examples/shapes.py
 
 test: pytest vscode-test e2e
 
