@@ -9,8 +9,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from completion_engine.config import DEFAULT_TARGET, EngineConfig
 from completion_engine.defaults import default_draft_method, default_draft_model
+from completion_engine.options import add_engine_arguments, apply_threads_argument, engine_config
 from completion_engine.types import DRAFT_METHODS
 
 
@@ -47,36 +47,6 @@ def read_source(path: str) -> str:
         raise UsageError(f"{path} is not UTF-8 text") from None
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target", default=DEFAULT_TARGET, help="model: smollm2-135m, a folder, a .gguf file or hub id"
-    )
-    parser.add_argument(
-        "--draft-model",
-        default=None,
-        help="draft model (same forms) for --draft model|hybrid; the embedded target gets its shipped one",
-    )
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bfloat16 | float16 | float32")
-    parser.add_argument(
-        "--inexact",
-        action="store_true",
-        help="faster unpadded forward; output may differ from plain decoding",
-    )
-    parser.add_argument("--max-draft", type=int, default=10, help="tokens drafted per verify step (<= 15)")
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        target=args.target,
-        draft_model=args.draft_model,
-        device=args.device,
-        dtype=args.dtype,
-        exact=not args.inexact,
-        max_draft=args.max_draft,
-    )
-
-
 def add_complete_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="the file to complete")
     parser.add_argument("--line", type=int, required=True, help="0-based line of the cursor")
@@ -110,6 +80,7 @@ def run_complete(args: argparse.Namespace) -> int:
     from completion_engine.completion import complete_file
 
     resolve_draft_defaults(args)
+    apply_threads_argument(args)
     if args.draft not in DRAFT_METHODS:
         raise UsageError(f"unknown draft method {args.draft!r}; choose one of {', '.join(DRAFT_METHODS)}")
     if args.draft in ("model", "hybrid") and not args.draft_model:

@@ -15,12 +15,12 @@ import gc
 import sysconfig
 from pathlib import Path
 
+from completion_engine.options import engine_config
 from eval.options import (
     add_engine_arguments,
     build_engine,
     build_peers,
     command_line,
-    engine_config,
     requested_methods,
     run_meta,
     say,

@@ -14,11 +14,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from completion_engine.options import engine_config
 from eval.options import (
     add_engine_arguments,
     build_engine,
     build_peers,
-    engine_config,
     requested_methods,
     run_meta,
     say,

@@ -4,40 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from completion_engine.config import DEFAULT_TARGET, EngineConfig
+from completion_engine.config import EngineConfig
+from completion_engine.options import add_engine_arguments as add_shared_engine_arguments
 from completion_engine.types import DRAFT_METHODS
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
-    model = parser.add_argument_group("model and engine")
-    model.add_argument(
-        "--target",
-        default=DEFAULT_TARGET,
-        help=f"target model: {DEFAULT_TARGET} (embedded), tiny-random, a folder, a .gguf or a hub id",
-    )
-    model.add_argument("--draft-model", default=None, help="draft model for the 'model' and 'hybrid' methods")
-    model.add_argument("--dtype", default="auto", help="auto (bf16) | bfloat16 | float16 | float32")
-    model.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    model.add_argument(
-        "--inexact",
-        action="store_true",
-        help="stock-shaped forward (EngineConfig(exact=False)): faster, outputs may differ",
-    )
-    model.add_argument(
-        "--max-draft", type=int, default=EngineConfig().max_draft, help="tokens drafted per step"
-    )
-    model.add_argument(
-        "--max-context",
-        type=int,
-        default=EngineConfig().max_context,
-        help="context tokens kept before the cursor (the oldest are cut)",
-    )
-    model.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
+    add_shared_engine_arguments(parser.add_argument_group("model and engine"))
     run = parser.add_argument_group("run")
     run.add_argument(
         "--draft",
@@ -69,19 +44,6 @@ def requested_methods(args: argparse.Namespace) -> list[str]:
     if not args.draft:
         return list(DRAFT_METHODS)
     return [m.strip() for value in args.draft for m in value.split(",") if m.strip()]
-
-
-def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
-    config = EngineConfig(
-        target=args.target,
-        draft_model=args.draft_model,
-        device=args.device,
-        dtype=args.dtype,
-        exact=not args.inexact,
-        max_draft=args.max_draft,
-        max_context=args.max_context,
-    )
-    return replace(config, **overrides)
 
 
 def build_engine(config: EngineConfig, progress: bool):

@@ -9,6 +9,7 @@ import os
 import sys
 
 from completion_engine.cli import resolve_draft_defaults
+from completion_engine.options import add_engine_arguments, apply_threads_argument, engine_config
 from completion_engine.types import DRAFT_METHODS
 from lsp_server.settings import MAX_NEW_TOKENS_CAP, CompletionSettings, ServerLimits
 
@@ -45,26 +46,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"secret clients must present (?token=T or Authorization: Bearer T); default: ${TOKEN_ENV}",
     )
 
-    model = parser.add_argument_group("model")
-    model.add_argument(
-        "--target",
-        default="smollm2-135m",
-        help="smollm2-135m (embedded), tiny-random, a folder, a .gguf or a hub id",
-    )
-    model.add_argument(
-        "--draft-model",
-        default=None,
-        help="draft model for --draft model|hybrid (same forms); the embedded target gets its shipped one",
-    )
-    model.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    model.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
-    model.add_argument("--max-context", type=int, default=4096, help="tokens of context before the cursor")
-    model.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads for the model (sets OMP_NUM_THREADS; 1 avoids slow spinning on a busy machine)",
-    )
+    add_engine_arguments(parser.add_argument_group("model"))
 
     completion = parser.add_argument_group(
         "completions (a client's initializationOptions may override these)"
@@ -136,8 +118,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"spec-complete serve: {problem}", file=sys.stderr)
         return 2
     _configure_logging(args.verbose)
-    if args.threads is not None:  # read when torch loads, which happens below
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    apply_threads_argument(args)  # read when torch loads, which happens below
     stdout = sys.stdout.buffer
     if not args.ws:
         sys.stdout = sys.stderr  # stdout carries the protocol: stray prints must not land there
@@ -185,21 +166,13 @@ def _run_ws(shared, args: argparse.Namespace) -> int:
 
 def _start_shared(args: argparse.Namespace):
     """Load the engine and start the model worker (the slow part: imports torch, loads weights)."""
-    from completion_engine.config import EngineConfig
     from completion_engine.engine import CompletionEngine
     from lsp_server.corpus import CorpusFeed
     from lsp_server.session import SharedState
     from lsp_server.stats import ServerCounters
     from lsp_server.worker import ModelWorker
 
-    config = EngineConfig(
-        target=args.target,
-        draft_model=args.draft_model,
-        device=args.device,
-        dtype=args.dtype,
-        max_context=args.max_context,
-    )
-    engine = CompletionEngine.from_config(config)
+    engine = CompletionEngine.from_config(engine_config(args))
     limits = ServerLimits(
         queue_size=args.queue_size,
         max_document_bytes=args.max_document_kb * 1024,

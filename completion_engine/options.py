@@ -1,0 +1,65 @@
+"""Engine options on the command line, shared by `complete`, `serve`, `eval` and `bench`; no torch import."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+
+from completion_engine.config import DEFAULT_TARGET, EngineConfig
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    defaults = EngineConfig()
+    parser.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help=f"target model: {DEFAULT_TARGET} (embedded), tiny-random, a folder, a .gguf file or a hub id",
+    )
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="draft model (same forms) for --draft model|hybrid; the embedded target gets its shipped one",
+    )
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bfloat16 | float16 | float32")
+    parser.add_argument(
+        "--inexact",
+        action="store_true",
+        help="faster unpadded forward; output may differ from plain decoding",
+    )
+    parser.add_argument(
+        "--max-draft", type=int, default=defaults.max_draft, help="tokens drafted per verify step (<= 15)"
+    )
+    parser.add_argument(
+        "--max-context",
+        type=int,
+        default=defaults.max_context,
+        help="context tokens kept (the oldest are cut)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (1 avoids slow spin-waits on a busy machine)",
+    )
+
+
+def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
+    config = EngineConfig(
+        target=args.target,
+        draft_model=args.draft_model,
+        device=args.device,
+        dtype=args.dtype,
+        exact=not args.inexact,
+        max_draft=args.max_draft,
+        max_context=args.max_context,
+    )
+    return replace(config, **overrides)
+
+
+def apply_threads_argument(args: argparse.Namespace) -> None:
+    """--threads reaches torch through the environment, so call this before torch is imported."""
+    if args.threads:
+        os.environ["SPEC_COMPLETE_THREADS"] = str(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
