@@ -9,8 +9,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from completion_engine.defaults import default_draft_method, default_draft_model
-from completion_engine.options import add_engine_arguments, apply_threads_argument, engine_config
+from completion_engine.options import (
+    add_engine_arguments,
+    apply_threads_argument,
+    engine_config,
+    resolve_draft_defaults,
+)
 from completion_engine.types import DRAFT_METHODS
 
 
@@ -68,12 +72,6 @@ def add_complete_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     add_engine_arguments(parser)
-
-
-def resolve_draft_defaults(args: argparse.Namespace) -> None:
-    """Fill in --draft-model and --draft when not given (the shipped draft for the embedded target)."""
-    args.draft_model = args.draft_model or default_draft_model(args.target)
-    args.draft = args.draft or default_draft_method(args.draft_model)
 
 
 def run_complete(args: argparse.Namespace) -> int:

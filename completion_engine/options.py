@@ -7,6 +7,7 @@ import os
 from dataclasses import replace
 
 from completion_engine.config import DEFAULT_TARGET, EngineConfig
+from completion_engine.defaults import default_draft_method, default_draft_model
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -63,3 +64,9 @@ def apply_threads_argument(args: argparse.Namespace) -> None:
     if args.threads:
         os.environ["SPEC_COMPLETE_THREADS"] = str(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
+
+
+def resolve_draft_defaults(args: argparse.Namespace) -> None:
+    """Fill in --draft-model and --draft when not given (the shipped draft for the embedded target)."""
+    args.draft_model = args.draft_model or default_draft_model(args.target)
+    args.draft = args.draft or default_draft_method(args.draft_model)

@@ -8,8 +8,12 @@ import logging
 import os
 import sys
 
-from completion_engine.cli import resolve_draft_defaults
-from completion_engine.options import add_engine_arguments, apply_threads_argument, engine_config
+from completion_engine.options import (
+    add_engine_arguments,
+    apply_threads_argument,
+    engine_config,
+    resolve_draft_defaults,
+)
 from completion_engine.types import DRAFT_METHODS
 from lsp_server.settings import MAX_NEW_TOKENS_CAP, CompletionSettings, ServerLimits
 
