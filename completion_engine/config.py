@@ -14,7 +14,7 @@ class EngineConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     dtype: str = "auto"  # "auto" (bf16) | "bfloat16" | "float16" | "float32"
     exact: bool = True  # shape-bucketed forward: speculative output bit-identical to plain decoding
-    max_draft: int = 10  # k: tokens drafted per step (at most ROW_BUCKET - 1 in exact mode)
+    max_draft: int = 10  # k: tokens drafted per step (at most DECODE_ROWS - 1 in exact mode)
     ngram_min: int = 2  # shortest n-gram that may produce a draft
     ngram_max: int = 8  # longest n-gram the matcher tries to extend to
     hybrid_min_match: int = 3  # hybrid: an n-gram match this long wins over the draft model

@@ -11,9 +11,8 @@ import torch
 
 from completion_engine.config import EngineConfig
 from completion_engine.drafting import DocumentCorpus, Drafter, HybridDrafter, ModelDrafter, NgramDrafter
-from completion_engine.kv import common_prefix_len
 from completion_engine.models import LoadedModel, check_compatible
-from completion_engine.runner import ROW_BUCKET, DecoderRunner
+from completion_engine.runner import DECODE_ROWS, DecoderRunner
 from completion_engine.sampling import Sampler
 from completion_engine.types import Chunk, Request, Stats
 from completion_engine.verify import greedy_accept, rejection_sample
@@ -67,8 +66,8 @@ class CompletionEngine:
     """
 
     def __init__(self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | None = None) -> None:
-        if config.exact and config.max_draft > ROW_BUCKET - 1:
-            raise ValueError(f"max_draft is at most {ROW_BUCKET - 1} in exact mode (one verify block)")
+        if config.exact and config.max_draft > DECODE_ROWS - 1:
+            raise ValueError(f"max_draft is at most {DECODE_ROWS - 1} in exact mode (one verify block)")
         self.config = config
         self.target = target
         self.draft = draft
@@ -155,7 +154,7 @@ class CompletionEngine:
         runner = self.target_runner
         forwards_before = runner.forwards
         context = self._fit_context(list(request.context))
-        budget = min(request.max_new_tokens, runner.capacity - len(context) - ROW_BUCKET)
+        budget = min(request.max_new_tokens, runner.capacity - len(context) - DECODE_ROWS)
         sampler = (
             Sampler.seeded(request.temperature, request.top_p, request.seed)
             if request.temperature > 0
@@ -220,11 +219,8 @@ class CompletionEngine:
 
     def _prefill(self, context: list[int], stats: Stats) -> torch.Tensor:
         """Reuse the cached prefix, compute the rest; return the logits after the last context token."""
-        runner = self.target_runner
-        keep = min(common_prefix_len(runner.token_ids, context), len(context) - 1)
-        runner.truncate(keep)
-        stats.prefill_tokens = len(context) - keep
-        return runner.extend(context[keep:])
+        logits, stats.prefill_tokens = self.target_runner.prefill(context)
+        return logits
 
     def _choose(self, logits: torch.Tensor, sampler: Sampler | None) -> int:
         if sampler is None:

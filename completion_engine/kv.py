@@ -3,6 +3,9 @@
 Positions are the only record of what the cache holds, so rolling back a rejected draft costs
 nothing (`truncate` moves the length), and a new request that shares a prefix with the cached
 tokens keeps that prefix (`common_prefix_len`) and computes only what follows it.
+
+Each position also records the row bucket of the forward that computed it (`row_buckets`): in exact
+mode a position's bits depend on that bucket, so reuse must know it (see runner.reusable_prefix).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class KVCache:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.token_ids: list[int] = []  # token at each cached position; len() is the cache length
+        self.row_buckets: list[int] = []  # rows of the forward that computed each position (0: fast mode)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -60,13 +64,16 @@ class KVCache:
         self.keys[layer, :, start : start + n] = k
         self.values[layer, :, start : start + n] = v
 
-    def append_tokens(self, tokens: Sequence[int]) -> None:
+    def append_tokens(self, tokens: Sequence[int], row_bucket: int) -> None:
         self.token_ids.extend(tokens)
+        self.row_buckets.extend([row_bucket] * len(tokens))
 
     def truncate(self, length: int) -> None:
         """Forget every position >= length. Stale buffer contents stay but are always masked out."""
         if length < len(self.token_ids):
             del self.token_ids[length:]
+            del self.row_buckets[length:]
 
     def reset(self) -> None:
         self.token_ids.clear()
+        self.row_buckets.clear()

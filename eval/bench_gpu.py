@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from completion_engine.runner import ROW_BUCKET, DecoderRunner, DecoderShape, DecoderWeights, LayerWeights
+from completion_engine.runner import DECODE_ROWS, DecoderRunner, DecoderShape, DecoderWeights, LayerWeights
 
 # Qwen2.5-Coder shapes (config.json of the public checkpoints): layers, hidden, heads, kv heads, ffn, vocab
 SHAPES = {
@@ -72,12 +72,14 @@ def timed(fn, device: torch.device, repeats: int) -> float:
 def measure_shape(name: str, device: torch.device, dtype: torch.dtype, prefix: int, repeats: int) -> dict:
     weights = random_weights(name, device, dtype)
     vocab = weights.shape.vocab
-    ids = torch.randint(0, vocab, (prefix + ROW_BUCKET,), generator=torch.Generator().manual_seed(1)).tolist()
+    ids = torch.randint(
+        0, vocab, (prefix + DECODE_ROWS,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
     row = {"shape": name, "prefix": prefix}
     for exact in (True, False):
         mode = "exact" if exact else "fast"
         runner = DecoderRunner(weights, exact=exact, capacity=prefix + 64)
-        row[f"{mode}_prefill_s"] = timed(lambda r=runner: (r.truncate(0), r.extend(ids[:prefix])), device, 1)
+        row[f"{mode}_prefill_s"] = timed(lambda r=runner: (r.truncate(0), r.prefill(ids[:prefix])), device, 1)
         costs = {}
         for k in (1, 2, 4, 8, 16):
 

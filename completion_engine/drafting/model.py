@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import torch
 
 from completion_engine.drafting.base import empty_draft
-from completion_engine.kv import common_prefix_len
 from completion_engine.runner import DecoderRunner
 from completion_engine.sampling import Sampler
 from completion_engine.types import Draft
@@ -69,13 +68,10 @@ class ModelDrafter:
 
     def _sync(self, context: Sequence[int]) -> torch.Tensor:
         """Bring the draft cache to `context` and return the logits after its last token."""
-        keep = min(common_prefix_len(self.runner.token_ids, context), len(context) - 1)
         overflow = len(context) - self.runner.capacity
         if overflow > 0:  # too long for the draft's cache: draft from the most recent part only
             context = context[overflow:]
-            keep = 0
-        self.runner.truncate(keep)
-        return self.runner.extend(list(context[keep:]))
+        return self.runner.prefill(context)[0]
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

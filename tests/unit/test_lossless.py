@@ -150,3 +150,46 @@ def test_fp32_is_lossless_too(tiny_target_fp32, tiny_tokenizer):
     for prompt in random_prompts(tiny_target_fp32.vocab_size, 5, seed=13):
         expected = plain(engine, prompt, 30)
         assert engine.complete(Request(context=prompt, max_new_tokens=30, draft="ngram")).tokens == expected
+
+
+def long_prompts(vocab: int, count: int, seed: int) -> list[list[int]]:
+    """Prompts of 130-420 tokens: whole prefill blocks plus a decode-bucket tail, with repeats to match."""
+    rng = random.Random(seed)
+    prompts = []
+    for body in random_prompts(vocab, count, seed):
+        while len(body) < rng.randrange(130, 420):
+            body = body + body[rng.randrange(len(body)) :] + [rng.randrange(2, vocab)]
+        prompts.append(body[:420])
+    return prompts
+
+
+@pytest.mark.parametrize("method", ["ngram", "model", "hybrid"])
+def test_long_contexts_through_the_prefill_bucket_equal_plain(tiny_target, tiny_near_draft, method):
+    engine = engine_for(tiny_target, tiny_near_draft, k=10)
+    for prompt in long_prompts(tiny_target.vocab_size, 6, seed=31):
+        expected = plain(engine, prompt, 30)
+        generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft=method))
+        assert generation.tokens == expected, f"{method} diverged on a {len(prompt)}-token prompt"
+
+
+def test_typing_session_warm_requests_equal_a_cold_engine(tiny_target):
+    """Edits at the end, accepted completions and block crossings: each warm answer equals a cold one."""
+    warm = engine_for(tiny_target, k=8)
+    rng = random.Random(41)
+    context = long_prompts(tiny_target.vocab_size, 1, seed=41)[0][:200]
+    reused = 0
+    for step in range(12):
+        generation = warm.complete(Request(context=context, max_new_tokens=12, draft="ngram"))
+        cold = engine_for(tiny_target, k=8).complete(
+            Request(context=context, max_new_tokens=12, draft="none")
+        )
+        assert generation.tokens == cold.tokens, f"step {step}: warm diverged from a cold run"
+        reused += len(context) - generation.stats.prefill_tokens
+        action = step % 3
+        if action == 0:  # accept the completion: it becomes context
+            context = context + generation.tokens
+        elif action == 1:  # type a token
+            context = context + [rng.randrange(2, tiny_target.vocab_size)]
+        else:  # delete back a few tokens and type something else
+            context = context[:-3] + [rng.randrange(2, tiny_target.vocab_size)]
+    assert reused > 0, "the KV prefix should be reused across the session"

@@ -7,7 +7,13 @@ import random
 import pytest
 import torch
 
-from completion_engine.runner import DecoderRunner
+from completion_engine.runner import (
+    DECODE_ROWS,
+    PREFILL_ROWS,
+    DecoderRunner,
+    prefill_boundary,
+    reusable_prefix,
+)
 from completion_engine.tiny import build_model
 from completion_engine.weights import decoder_weights_from_hf
 
@@ -69,3 +75,89 @@ def test_capacity_is_enforced(tiny_target):
     runner = DecoderRunner(tiny_target.weights, exact=True, capacity=128)
     with pytest.raises(ValueError, match="exceeds capacity"):
         runner.extend(tokens(runner.capacity + 1, tiny_target.vocab_size))
+
+
+# -- the prefill bucket: context blocks in PREFILL_ROWS forwards, the tail and generation in DECODE_ROWS
+
+
+def test_cold_prefill_schedule_and_last_logits(tiny_target):
+    ids = tokens(300, tiny_target.vocab_size, seed=5)
+    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    logits, computed = runner.prefill(ids)
+    assert computed == 300
+    boundary = prefill_boundary(300)
+    assert runner.cache.row_buckets == [PREFILL_ROWS] * boundary + [DECODE_ROWS] * (300 - boundary)
+    # the same positions computed by decode forwards only give other bits, but the same shape of answer
+    assert logits.shape == (1, tiny_target.vocab_size)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "append one token",  # typing at the end: the tail is decode-bucket, reused as is
+        "change the last token",
+        "change a token inside the prefill blocks",  # reuse stops mid-block: a part-filled prefill forward
+        "grow across a block boundary",  # decode-bucket positions become prefill positions
+        "accept generated tokens into the context",
+        "shrink",
+    ],
+)
+def test_warm_prefill_gives_the_bits_of_a_cold_one(tiny_target, edit):
+    vocab = tiny_target.vocab_size
+    first = tokens(250, vocab, seed=6)
+    generated = tokens(40, vocab, seed=7)
+    second = {
+        "append one token": first + [3],
+        "change the last token": first[:-1] + [(first[-1] + 1) % vocab],
+        "change a token inside the prefill blocks": first[:100] + [(first[100] + 1) % vocab] + first[101:],
+        "grow across a block boundary": first + tokens(30, vocab, seed=8),
+        "accept generated tokens into the context": first + generated,
+        "shrink": first[:140],
+    }[edit]
+    warm = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    warm.prefill(first)
+    warm.extend(generated[:1])
+    warm.extend(generated[1:12], all_logits=True)  # a verify block
+    warm_logits, computed = warm.prefill(second)
+    cold = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    cold_logits, _ = cold.prefill(second)
+    assert torch.equal(warm_logits, cold_logits)
+    assert warm.cache.row_buckets == cold.cache.row_buckets
+    assert computed < len(second) or edit == "change a token inside the prefill blocks"
+    follow = tokens(16, vocab, seed=9)
+    assert torch.equal(warm.extend(follow, all_logits=True), cold.extend(follow, all_logits=True))
+
+
+def test_typing_at_the_end_recomputes_only_the_tail(tiny_target):
+    ids = tokens(700, tiny_target.vocab_size, seed=10)
+    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    runner.prefill(ids[:650])
+    forwards = runner.forwards
+    _, computed = runner.prefill(ids[:651])
+    assert computed == 1  # only the new token
+    assert runner.forwards == forwards + 1
+
+
+def test_reusable_prefix_needs_the_bucket_a_cold_run_uses():
+    P, D = PREFILL_ROWS, DECODE_ROWS
+    context = list(range(400))
+    # cached as a cold run leaves 400 positions: three prefill blocks and a decode tail of 16
+    cached, buckets = context, [P] * 384 + [D] * 16
+    assert reusable_prefix(cached, buckets, context) == 400
+    assert reusable_prefix(cached, buckets, context + list(range(100))) == 400  # still three blocks
+    assert reusable_prefix(cached, buckets, context + list(range(260))) == 384  # five: 384.. is prefill
+    assert reusable_prefix(cached, buckets, context[:300] + [7]) == 256  # two: 256.. is decode
+    assert reusable_prefix(cached, [D] * 400, context) == 0
+    assert reusable_prefix([1, 2], [D, D], [9]) == 0
+
+
+def test_decode_forward_attention_does_not_depend_on_the_other_rows(tiny_target):
+    # rows 0..14 of a verify block sit in calls with different neighbours than in 1-token steps
+    prefix = tokens(125, tiny_target.vocab_size, seed=11)  # the block crosses a key bucket at 128
+    block = tokens(15, tiny_target.vocab_size, seed=12)
+    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    runner.prefill(prefix)
+    together = runner.extend(block, all_logits=True)
+    runner.truncate(len(prefix))
+    pairs = torch.cat([runner.extend(block[i : i + 2], all_logits=True) for i in range(0, 15, 2)])
+    assert torch.equal(together, pairs)
