@@ -29,6 +29,7 @@ from eval.options import (
 
 DEFAULT_PACKAGE = "email"  # many related files (parsers, generators, headers) that share idioms
 MATRIX = ((True, "bfloat16"), (False, "bfloat16"), (True, "float32"), (False, "float32"))
+SPEED_PEERS = ("hf_plain", "hf_prompt_lookup", "hf_fp32_plain")  # stock generate() beside every method
 
 
 def default_root() -> Path:
@@ -120,7 +121,7 @@ def run_configuration(
     meta = run_meta(args, config, methods, f"bench {name}", root, notes, peers=with_peers)
     prepare_folder(folder / name, meta, args.resume)
     engine = build_engine(config, not args.quiet)
-    peers = build_peers(config, not args.quiet, names=("hf_plain",)) if with_peers else None
+    peers = build_peers(config, not args.quiet, names=SPEED_PEERS) if with_peers else None
     runner = CaseRunner(engine, RunSettings(methods, args.max_new_tokens, args.repeats), score_repo, peers)
     rows = run_cases(cases, runner, folder / name, args.resume, not args.quiet, desc=name)
     write_report(folder / name, rows, meta, plots=main and not args.no_plots)
@@ -137,32 +138,19 @@ def bench_markdown(
     command: str,
     machine: dict,
 ) -> str:
+    from eval.report import speed_table
+
     s = summaries[main]
-    hf_plain = s["peers"].get("hf_plain")
     lines = [
         f"# Engine speed: {points} completion points in {root}",
         "",
         f"Command: `{command}`",
         "",
         f"{configuration_name(*main)}; {machine['torch_threads']} torch threads on {machine['cpu']}; "
-        f"median context {s['median_context_tokens']} tokens. Decode phase only (wall time minus prefill). "
-        "Speedup: `none`'s total decode time over the method's on the same points.",
+        f"median context {s['median_context_tokens']} tokens.",
         "",
-        "| method | decode tok/s | mean accepted len | target fwd/token | speedup vs none | vs HF plain | "
-        "same output as none |",
-        "|---|---|---|---|---|---|---|",
+        *speed_table(s),
     ]
-    for method, m in s["methods"].items():
-        lines.append(
-            f"| {method} | {m['decode_tokens_per_s']:.1f} | {m['mean_accepted_len']:.2f} | "
-            f"{_fmt(m['forwards_per_token'])} | {_fmt(m['speedup'])}x | "
-            f"{_ratio(m['decode_tokens_per_s'], hf_plain)} | {m['identical']}/{m['cases']} |"
-        )
-    if hf_plain:
-        lines.append(
-            f"| HF generate() plain | {hf_plain['decode_tokens_per_s']:.1f} | 1.00 | 1.00 | - | 1.00x | "
-            f"{hf_plain['equal_engine_none']}/{hf_plain['cases']} equal engine `none` |"
-        )
     lines += [
         "",
         "Identical-output rate, `ngram` vs `none`, per mode and dtype:",
@@ -193,9 +181,3 @@ def bench_markdown(
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
-
-
-def _ratio(value: float, reference: dict | None) -> str:
-    if not reference or not reference.get("decode_tokens_per_s"):
-        return "-"
-    return f"{value / reference['decode_tokens_per_s']:.2f}x"

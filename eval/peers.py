@@ -3,6 +3,7 @@
 - hf_plain: greedy `generate()`, the fastest plain decoding available (the speed reference).
 - hf_prompt_lookup: `generate(prompt_lookup_num_tokens=k)`, HF's n-gram speculation over the prompt.
 - hf_assisted: `generate(assistant_model=draft)`, HF's draft-model speculation (needs a draft model).
+- hf_fp32_plain: greedy `generate()` of the same model in float32 (another model in memory).
 
 Each generates exactly as many tokens as our plain decode did for the case, so the outputs compare
 token for token. Their time to first token is a separate `max_new_tokens=1` call; the decode phase
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-PEERS = ("hf_plain", "hf_prompt_lookup", "hf_assisted")
+PEERS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "hf_fp32_plain")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,13 @@ class HfPeers:
         self.device = torch.device(device)
         self.prompt_lookup_tokens = prompt_lookup_tokens
         self.model = AutoModelForCausalLM.from_pretrained(target_source, dtype=dtype).to(self.device).eval()
+        self.fp32_model = None
+        if "hf_fp32_plain" in (names or PEERS):
+            self.fp32_model = (
+                AutoModelForCausalLM.from_pretrained(target_source, dtype=torch.float32)
+                .to(self.device)
+                .eval()
+            )
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else eos or [])
         self.draft = None
@@ -60,7 +68,7 @@ class HfPeers:
             self.draft = (
                 AutoModelForCausalLM.from_pretrained(draft_source, dtype=dtype).to(self.device).eval()
             )
-        available = PEERS if self.draft is not None else PEERS[:2]
+        available = [p for p in PEERS if p != "hf_assisted" or self.draft is not None]
         self.names = tuple(n for n in (names or available) if n in available)
         if "hf_plain" not in self.names:
             self.names = ("hf_plain", *self.names)  # the others are compared with it
@@ -69,7 +77,12 @@ class HfPeers:
     def generate(self, context: Sequence[int], new_tokens: int, peer: str = "hf_plain") -> PeerRun:
         input_ids = torch.tensor([list(context)], dtype=torch.long, device=self.device)
         options = {}
-        if peer == "hf_prompt_lookup":
+        model = self.model
+        if peer == "hf_fp32_plain":
+            if self.fp32_model is None:
+                raise ValueError("hf_fp32_plain was not loaded (name it when building the peers)")
+            model = self.fp32_model
+        elif peer == "hf_prompt_lookup":
             options["prompt_lookup_num_tokens"] = self.prompt_lookup_tokens
         elif peer == "hf_assisted":
             if self.draft is None:
@@ -78,7 +91,7 @@ class HfPeers:
         elif peer != "hf_plain":
             raise ValueError(f"unknown peer {peer!r}")
         started = time.perf_counter()
-        output = self.model.generate(
+        output = model.generate(
             input_ids,
             attention_mask=torch.ones_like(input_ids),
             max_new_tokens=new_tokens,
@@ -98,20 +111,25 @@ class HfPeers:
     def run_case(self, context: Sequence[int], new_tokens: int, engine_tokens: Sequence[int]) -> dict:
         """Every peer on one context: speed, and whether its tokens equal plain generate's (and ours)."""
         new_tokens = max(new_tokens, 1)
-        ttft_s = self.generate(context, 1).wall_s
+        # time to first token: one prefill of the whole context (HF keeps no cache between calls)
+        ttft = {"hf_plain": self.generate(context, 1).wall_s}
+        if self.fp32_model is not None:
+            ttft["hf_fp32_plain"] = self.generate(context, 1, "hf_fp32_plain").wall_s
         results: dict[str, dict] = {}
         plain: PeerRun | None = None
         for name in self.names:
             run = self.generate(context, new_tokens, name)
+            ttft_s = ttft.get(name, ttft["hf_plain"])
             row = run.as_dict(ttft_s)
             row["ttft_s"] = round(ttft_s, 4)
+            row["prefill_tokens_per_s"] = round(len(context) / ttft_s, 1) if ttft_s > 0 else None
             if plain is None:
                 plain = run
                 row["equal_engine_none"] = run.tokens == list(engine_tokens[:new_tokens])
             else:
-                row["equal_hf_plain"] = run.tokens == plain.tokens
-                plain_decode = plain.as_dict(ttft_s)["decode_s"]
-                row["speedup_over_hf_plain"] = (
+                row["equal_plain"] = run.tokens == plain.tokens
+                plain_decode = plain.as_dict(ttft["hf_plain"])["decode_s"]
+                row["speedup_over_plain"] = (
                     round(plain_decode / row["decode_s"], 3) if row["decode_s"] > 0 else None
                 )
             results[name] = row

@@ -78,21 +78,37 @@ def summarize_peer(rows: list[dict], peer: str) -> dict:
         return {"cases": 0}
     tokens = sum(r["tokens"] for _, r in runs)
     decode_s = sum(r["decode_s"] for _, r in runs)
-    plain_decode_s = sum(row["peers"]["hf_plain"]["decode_s"] for row, _ in runs)
+    plain = plain_peer(peer)
+    plain_decode_s = sum(row["peers"][plain]["decode_s"] for row, _ in runs if plain in row["peers"])
+    ttft_s = sum(r["ttft_s"] for _, r in runs)
     summary = {
         "cases": len(runs),
         "tokens": tokens,
         "decode_s": round(decode_s, 4),
         "decode_tokens_per_s": round(tokens / decode_s, 2) if decode_s > 0 else 0.0,
         "speedup": round(plain_decode_s / decode_s, 3) if decode_s > 0 else None,
-        "speedup_geomean": _round(geometric_mean([r.get("speedup_over_hf_plain") or 1.0 for _, r in runs])),
+        "speedup_geomean": _round(geometric_mean([r.get("speedup_over_plain") or 1.0 for _, r in runs])),
         "median_ttft_s": _round(median([r["ttft_s"] for _, r in runs]), 4),
+        "median_edit_ttft_s": _round(median([r.get("edit_ttft_s", r["ttft_s"]) for _, r in runs]), 4),
+        "prefill_tokens_per_s": round(sum(row["context_tokens"] for row, _ in runs) / ttft_s, 1)
+        if ttft_s > 0
+        else None,
+        "plain": plain,
     }
-    if peer == "hf_plain":
+    if peer == plain:
         summary["equal_engine_none"] = sum(1 for _, r in runs if r.get("equal_engine_none"))
     else:
-        summary["equal_hf_plain"] = sum(1 for _, r in runs if r.get("equal_hf_plain"))
+        summary["equal_plain"] = sum(1 for _, r in runs if r.get("equal_plain"))
     return summary
+
+
+def plain_peer(peer: str) -> str:
+    """The plain decoding a peer's speculation is compared with: its own engine's.
+
+    >>> plain_peer("hf_prompt_lookup"), plain_peer("vllm_suffix")
+    ('hf_plain', 'vllm_plain')
+    """
+    return "vllm_plain" if peer.startswith("vllm") else "hf_plain"
 
 
 def summarize_quality(metrics: list[dict]) -> dict:
@@ -149,8 +165,17 @@ def summarize(rows: list[dict]) -> dict:
         "peers": {p: summarize_peer(rows, p) for p in peer_names(rows)},
         "lossless_mismatches": mismatches(rows),
         "median_cold_ttft_s": _round(median([row["cold_ttft_s"] for row in rows]), 4),
+        "median_edit_ttft_s": _round(median([row["edit_ttft_s"] for row in rows if "edit_ttft_s" in row]), 4),
+        "prefill_tokens_per_s": _prefill_speed(rows),
         "median_context_tokens": median([row["context_tokens"] for row in rows]),
     }
+
+
+def _prefill_speed(rows: list[dict]) -> float | None:
+    """The engine's cold prefill: context tokens computed over the time it took, all cases together."""
+    timed = [row for row in rows if row.get("cold_prefill_s")]
+    seconds = sum(row["cold_prefill_s"] for row in timed)
+    return round(sum(row["cold_prefill_tokens"] for row in timed) / seconds, 1) if seconds > 0 else None
 
 
 # -- Markdown ---------------------------------------------------------------------------------
@@ -183,35 +208,41 @@ def markdown(summary: dict, meta: dict) -> str:
 
 
 def speed_table(summary: dict) -> list[str]:
+    """Every method and peer of one run on the same cases: decode, prefill and time to first token."""
     hf_plain = summary["peers"].get("hf_plain", {}).get("decode_tokens_per_s")
+    engine_prefill = _fmt(summary.get("prefill_tokens_per_s"), 0)
+    cold, edit = _fmt(summary["median_cold_ttft_s"], 3), _fmt(summary.get("median_edit_ttft_s"), 3)
     lines = [
-        "Speeds are decode phase only (wall time minus prefill). Speedup: plain decoding's total decode time "
-        "over the method's, same cases (geometric mean of per-case speedups in brackets); engine methods "
-        "against the engine's `none`, HF peers against `hf_plain`. vs HF plain: decode tokens/s over stock "
-        "`generate()`'s. TTFT: engine methods start after the case's cold prefill (its TTFT is above), "
-        "so theirs is a one-token prefill and the first step; HF prefills the whole context on every call.",
+        "Decode: tokens/s of the decode phase (wall time minus prefill). Speedup: plain decoding's total "
+        "decode time over the method's, same cases (geometric mean of per-case speedups in brackets); "
+        "engine methods against the engine's `none`, peers against their own plain decoding. vs HF plain: "
+        "decode tokens/s over stock bf16 `generate()`'s. Prefill: context tokens/s of a cold prefill. "
+        "TTFT: medians of a cold request and of one after typing one character (the engine reuses its KV "
+        "prefix; HF keeps no cache and prefills again; vLLM reuses its prefix cache).",
         "",
-        "| method | cases | decode tok/s | speedup | vs HF plain | mean accepted len | acceptance | "
-        "target fwd/token | median TTFT s | same output as plain |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | cases | decode tok/s | vs HF plain | speedup | mean accepted len | acceptance | "
+        "target fwd/token | prefill tok/s | cold TTFT s | edit TTFT s | same output as plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, s in summary["methods"].items():
         acceptance = ", ".join(f"{src} {rate:.0%}" for src, rate in s["acceptance_rate"].items()) or "-"
         lines.append(
-            f"| {method} | {s['cases']} | {s['decode_tokens_per_s']:.1f} | {_fmt(s['speedup'])}x "
-            f"({_fmt(s['speedup_geomean'])}) | {_ratio(s['decode_tokens_per_s'], hf_plain)} | "
-            f"{s['mean_accepted_len']:.2f} | {acceptance} | {_fmt(s['forwards_per_token'])} | "
-            f"{_fmt(s['median_ttft_s'], 3)} | {s['identical']}/{s['cases']} |"
+            f"| {method} | {s['cases']} | {s['decode_tokens_per_s']:.1f} | "
+            f"{_ratio(s['decode_tokens_per_s'], hf_plain)} | {_fmt(s['speedup'])}x "
+            f"({_fmt(s['speedup_geomean'])}) | {s['mean_accepted_len']:.2f} | {acceptance} | "
+            f"{_fmt(s['forwards_per_token'])} | {engine_prefill} | {cold} | {edit} | "
+            f"{s['identical']}/{s['cases']} |"
         )
     for peer, s in summary["peers"].items():
-        if peer == "hf_plain":
+        if peer == s.get("plain", "hf_plain"):
             same = f"{s['equal_engine_none']}/{s['cases']} equal engine `none`"
         else:
-            same = f"{s['equal_hf_plain']}/{s['cases']}"
+            same = f"{s.get('equal_plain', 0)}/{s['cases']} equal {s.get('plain', 'hf_plain')}"
         lines.append(
-            f"| {peer} | {s['cases']} | {s['decode_tokens_per_s']:.1f} | {_fmt(s['speedup'])}x "
-            f"({_fmt(s['speedup_geomean'])}) | {_ratio(s['decode_tokens_per_s'], hf_plain)} | - | - | - | "
-            f"{_fmt(s['median_ttft_s'], 3)} | {same} |"
+            f"| {peer} | {s['cases']} | {s['decode_tokens_per_s']:.1f} | "
+            f"{_ratio(s['decode_tokens_per_s'], hf_plain)} | {_fmt(s['speedup'])}x "
+            f"({_fmt(s['speedup_geomean'])}) | - | - | - | {_fmt(s.get('prefill_tokens_per_s'), 0)} | "
+            f"{_fmt(s['median_ttft_s'], 3)} | {_fmt(s.get('median_edit_ttft_s'), 3)} | {same} |"
         )
     return lines
 
@@ -280,7 +311,7 @@ def plot(rows: list[dict], summary: dict, folder: Path) -> list[Path]:
         aggregates.append(s["speedup"] or 0.0)
         points.append(
             [
-                row["peers"][peer].get("speedup_over_hf_plain") or 1.0
+                row["peers"][peer].get("speedup_over_plain") or 1.0
                 for row in rows
                 if peer in row.get("peers", {})
             ]

@@ -9,7 +9,10 @@ Per case:
 4. Lossless check: under greedy decoding every method's text must equal `none`'s.
 5. The suite's score function grades each method's text (it is the same text when lossless, but a
    mismatch is graded as what it is).
-6. Peers, when loaded, generate as many tokens as `none` did on the same context.
+6. A one-character edit: the first character of the reference is typed after the prefix, and a
+   one-token request measures the time to first token with the KV prefix reused (the case's
+   `edit_ttft_s`), as the language server sees it while the user types.
+7. Peers, when loaded, generate as many tokens as `none` did on the same context.
 """
 
 from __future__ import annotations
@@ -143,7 +146,9 @@ class CaseRunner:
             "kind": case.kind,
             "context_tokens": len(context),
             "cold_prefill_tokens": cold.prefill_tokens,
+            "cold_prefill_s": round(cold.prefill_s, 4),
             "cold_ttft_s": round(cold.ttft_s, 4),
+            **self._after_one_char_edit(case),
             "stopper": results["none"]["stopper"],
             "open_documents": sorted(case.open_documents),
             "reference": case.reference,
@@ -154,6 +159,12 @@ class CaseRunner:
             plain_tokens = results["none"]["token_ids"]
             row["peers"] = self.peers.run_case(context, len(plain_tokens), plain_tokens)
         return row
+
+    def _after_one_char_edit(self, case: Case) -> dict:
+        typed = (case.reference or " ")[0]
+        context = self.engine.encode(case.prefix + typed)[-self.engine.config.max_context :]
+        stats = self.engine.complete(Request(context=context, max_new_tokens=1, draft="none")).stats
+        return {"edit_ttft_s": round(stats.ttft_s, 4), "edit_prefill_tokens": stats.prefill_tokens}
 
     def _run_method(self, case: Case, context: list[int], method: str) -> dict:
         """The method's fastest of `repeats` runs, each with a fresh stop check."""

@@ -57,15 +57,18 @@ def test_repo_suite_writes_rows_summary_and_plots_and_resumes(package, tmp_path,
             "edit_similarity",
             "syntax_valid",
         }
-        assert set(row["peers"]) == {"hf_plain", "hf_prompt_lookup"}
-        assert "equal_hf_plain" in row["peers"]["hf_prompt_lookup"]
+        assert set(row["peers"]) == {"hf_plain", "hf_prompt_lookup", "hf_fp32_plain"}
+        assert "equal_plain" in row["peers"]["hf_prompt_lookup"]
+        assert row["edit_ttft_s"] > 0 and 0 < row["edit_prefill_tokens"] < row["context_tokens"]
+        assert row["peers"]["hf_fp32_plain"]["prefill_tokens_per_s"] > 0
     assert results["meta"]["notes"] == [
         "method 'model' skipped: needs a draft model (--draft-model)",
         "method 'hybrid' skipped: needs a draft model (--draft-model)",
     ]
     summary = (out / "summary.md").read_text()
     assert "every output of every draft method equals plain decoding's" in summary
-    assert "| hf_prompt_lookup |" in summary
+    assert "| hf_prompt_lookup |" in summary and "| hf_fp32_plain |" in summary
+    assert "edit TTFT s" in summary
     for plot in ("speedup.png", "accepted_lengths.png", "ttft.png"):
         assert (out / plot).stat().st_size > 0
     assert len((out / "rows.jsonl").read_text().splitlines()) == 3
@@ -96,7 +99,9 @@ def test_bench_reports_methods_modes_and_dtypes(package, tmp_path):
     args = ["bench", "--root", str(package), "--points", "2", "--max-new-tokens", "6", "--no-plots"]
     assert main([*args, "--out", str(out), *TINY]) == 0
     text = (out / "bench.md").read_text()
-    assert "| HF generate() plain |" in text
+    for peer in ("hf_plain", "hf_prompt_lookup", "hf_fp32_plain"):  # the speed table, same run
+        assert f"| {peer} |" in text
+    assert "prefill tok/s" in text and "edit TTFT s" in text
     for mode, dtype in [
         ("exact", "bfloat16"),
         ("inexact", "bfloat16"),
@@ -127,4 +132,4 @@ def test_draft_model_methods_and_the_assisted_peer(package, tmp_path):
     row = json.loads((out / "results.json").read_text())["rows"][0]
     assert list(row["methods"]) == ["none", "ngram", "model", "hybrid"]
     assert row["lossless"]["identical"]
-    assert set(row["peers"]) == {"hf_plain", "hf_prompt_lookup", "hf_assisted"}
+    assert set(row["peers"]) == {"hf_plain", "hf_prompt_lookup", "hf_assisted", "hf_fp32_plain"}

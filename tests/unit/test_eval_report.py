@@ -79,8 +79,8 @@ def row(case_id, ngram_decode_s, identical=True):
                 "decode_s": 0.8,
                 "decode_tokens_per_s": 12.5,
                 "ttft_s": 0.2,
-                "equal_hf_plain": False,
-                "speedup_over_hf_plain": 1.25,
+                "equal_plain": False,
+                "speedup_over_plain": 1.25,
             },
         },
     }
@@ -110,7 +110,7 @@ def test_acceptance_forwards_and_accepted_length(rows):
 def test_peers_are_compared_with_plain_generate(rows):
     peers = summarize(rows)["peers"]
     assert peers["hf_plain"]["equal_engine_none"] == 2
-    assert peers["hf_prompt_lookup"]["equal_hf_plain"] == 0
+    assert peers["hf_prompt_lookup"]["equal_plain"] == 0
     assert peers["hf_prompt_lookup"]["speedup"] == pytest.approx(1.25)
 
 
