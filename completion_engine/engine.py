@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -208,6 +208,18 @@ class CompletionEngine:
             stats.target_forwards = runner.forwards - forwards_before
             stats.tokens = len(progress.tokens)
             stats.wall_s = time.perf_counter() - started
+
+    def warm(self, context: Sequence[int], cancel: threading.Event | None = None) -> int:
+        """Prefill ahead of a request for `context`, so that it finds its KV prefix ready.
+
+        Runs the very prefill the request would run (same positions, same row buckets), so the
+        request's output is unchanged; a set `cancel` stops it between forwards, keeping what is
+        done. Returns the context tokens computed.
+        """
+        context = self._fit_context(list(context))
+        if self._model_drafter is not None:
+            self._model_drafter.warm(context)
+        return self.target_runner.prefill(context, cancel)[1]
 
     def _fit_context(self, context: list[int]) -> list[int]:
         if not context:

@@ -35,6 +35,7 @@ exactness does not matter.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -158,6 +159,9 @@ class DecoderRunner:
         self.cos = (emb.cos() * weights.rope_scale).to(self.dtype)
         self.sin = (emb.sin() * weights.rope_scale).to(self.dtype)
         self.forwards = 0  # forward passes run, for the stats
+        # (length, logits after position length - 1) from the last prefill: still valid while the cache
+        # keeps those positions, so a prefill of a context already cached (a warm-up) needs no forward
+        self._last_logits: tuple[int, torch.Tensor] | None = None
 
     @property
     def capacity(self) -> int:
@@ -172,13 +176,19 @@ class DecoderRunner:
 
     def truncate(self, length: int) -> None:
         self.cache.truncate(length)
+        if self._last_logits is not None and self._last_logits[0] > length:
+            self._last_logits = None
 
     @torch.inference_mode()
-    def prefill(self, context: Sequence[int]) -> tuple[torch.Tensor, int]:
+    def prefill(
+        self, context: Sequence[int], cancel: threading.Event | None = None
+    ) -> tuple[torch.Tensor | None, int]:
         """Bring the cache to `context`; return (float32 logits [1, vocab] after its last token, computed).
 
-        Cached positions are kept where a cold run would give the same bits (`reusable_prefix`);
-        at least the last token is recomputed, for its logits. `computed` counts the positions run.
+        Cached positions are kept where a cold run would give the same bits (`reusable_prefix`); the
+        last token's logits come from the last prefill when it ended there, else it is recomputed.
+        `computed` counts the positions run. A set `cancel` stops between forwards: the cache keeps
+        the positions done (valid for later reuse) and the logits are None.
         """
         if not context:
             raise ValueError("prefill needs at least one token")
@@ -187,13 +197,20 @@ class DecoderRunner:
             keep = reusable_prefix(self.cache.token_ids, self.cache.row_buckets, context)
         else:
             keep = common_prefix_len(self.cache.token_ids, context)
+        if keep == len(context) and self._last_logits is not None and self._last_logits[0] == keep:
+            self.truncate(keep)
+            return self._last_logits[1], 0
         keep = min(keep, len(context) - 1)
         self.truncate(keep)
         if not self.exact:
-            return self._run(list(context[keep:]), len(context) - keep, all_logits=False), len(context) - keep
+            logits = self._run(list(context[keep:]), len(context) - keep, all_logits=False)
+            self._last_logits = (len(context), logits)
+            return logits, len(context) - keep
         boundary = prefill_boundary(len(context))
         position = keep
         while position < len(context):
+            if cancel is not None and cancel.is_set():
+                return None, position - keep
             if position < boundary:  # up to the end of this position's block of PREFILL_ROWS
                 rows, end = PREFILL_ROWS, min(boundary, (position // PREFILL_ROWS + 1) * PREFILL_ROWS)
             else:
@@ -201,6 +218,7 @@ class DecoderRunner:
             last = end == len(context)
             logits = self._run(list(context[position:end]), rows, all_logits=False, logits=last)
             position = end
+        self._last_logits = (len(context), logits)
         return logits, len(context) - keep
 
     @torch.inference_mode()

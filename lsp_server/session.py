@@ -17,12 +17,21 @@ from lsprotocol import types
 from pygls.uris import to_fs_path
 
 from lsp_server.corpus import CorpusFeed
-from lsp_server.documents import CursorContext, DocumentStore, TextChange, cursor_context, units_of
+from lsp_server.documents import (
+    CursorContext,
+    DocumentStore,
+    TextChange,
+    cursor_context,
+    offset_at,
+    units_of,
+)
 from lsp_server.settings import CompletionSettings, InvalidOptions, ServerLimits, apply_options
 from lsp_server.stats import ServerCounters
-from lsp_server.worker import CompletionInput, CompletionJob, CompletionOutcome, ModelWorker
+from lsp_server.worker import CompletionInput, CompletionJob, CompletionOutcome, ModelWorker, WarmJob
 
 logger = logging.getLogger(__name__)
+
+WARM_IDLE_S = 0.3  # a warm-up starts once the documents have not changed for this long
 
 CANCEL_REASONS = {
     "superseded": "superseded by a newer completion request for the same document",
@@ -85,6 +94,7 @@ class ClientSession:
         self.settings = shared.defaults
         self.documents = DocumentStore(shared.limits.max_document_bytes, shared.limits.max_client_bytes)
         self._seeds = itertools.count()
+        self._warm_timer: asyncio.TimerHandle | None = None
         shared.live_clients.add(self.id)
 
     def doc_id(self, uri: str) -> str:
@@ -105,6 +115,8 @@ class ClientSession:
 
     def disconnect(self) -> None:
         """The connection is gone: cancel its requests and take its documents out of the corpus."""
+        if self._warm_timer is not None:
+            self._warm_timer.cancel()
         self.shared.worker.cancel(lambda job: job.client == self.id, "disconnected")
         for uri in self.documents.uris:
             self.shared.corpus.remove(self.doc_id(uri))
@@ -117,12 +129,18 @@ class ClientSession:
         """Returns why the document was refused, or None."""
         refused = self.documents.open(uri, text, version, language_id)
         self._feed(uri, refused)
+        if refused is None:
+            self._schedule_warm(
+                uri, None
+            )  # no cursor yet: the whole file, whose prefixes later requests reuse
         return refused
 
     def change(self, uri: str, version: int, changes: list[TextChange]) -> str | None:
         was_refused = self.documents.is_refused(uri)
         refused = self.documents.change(uri, version, changes)
         self._feed(uri, refused)
+        if refused is None and changes:
+            self._schedule_warm(uri, self._edit_end(uri, changes[-1]))
         return refused if refused and not was_refused else None
 
     def close(self, uri: str) -> None:
@@ -135,6 +153,33 @@ class ClientSession:
             self.shared.corpus.update(self.doc_id(uri), self.documents.get(uri).text)
         else:
             self.shared.corpus.remove(self.doc_id(uri))
+
+    # -- warm-ups: prefill while the user types or reads ---------------------------------------------
+
+    def _edit_end(self, uri: str, change: TextChange) -> int | None:
+        """Offset just after the inserted text: where the cursor is after an edit (None: whole file)."""
+        if change.range is None:
+            return None
+        (line, character), _ = change.range
+        text = self.documents.get(uri).text  # text before the change's start is the same as before it
+        return offset_at(text, line, character, self.documents.encoding, clamp_line=True) + len(change.text)
+
+    def _schedule_warm(self, uri: str, cursor: int | None) -> None:
+        """Warm up once the documents settle: each open or edit restarts the idle timer."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the server's loop (a unit test): nothing to schedule
+            return
+        if self._warm_timer is not None:
+            self._warm_timer.cancel()
+        self._warm_timer = loop.call_later(WARM_IDLE_S, self._warm, uri, cursor)
+
+    def _warm(self, uri: str, cursor: int | None) -> None:
+        self._warm_timer = None
+        if uri not in self.documents or self.documents.is_refused(uri):
+            return
+        text = self.documents.get(uri).text
+        self.shared.worker.warm(WarmJob(self.id, uri, text if cursor is None else text[:cursor]))
 
     # -- completions -----------------------------------------------------------------------------
 

@@ -35,6 +35,9 @@ class _Totals:
     target_forwards: int = 0
     prefill_tokens: int = 0
     generation_s: float = 0.0
+    warmups: int = 0  # background prefills run while the user typed or read
+    warmups_cancelled: int = 0  # of them, cut short by a request
+    warm_tokens: int = 0  # context tokens they computed
     drafted: dict[str, int] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
 
@@ -52,6 +55,12 @@ class ServerCounters:
         """Add one to "requests", "cancelled", "busy" or "errors"."""
         with self._lock:
             setattr(self._totals, what, getattr(self._totals, what) + 1)
+
+    def count_warmup(self, computed: int, cancelled: bool) -> None:
+        with self._lock:
+            self._totals.warmups += 1
+            self._totals.warmups_cancelled += int(cancelled)
+            self._totals.warm_tokens += computed
 
     def record(self, stats: Stats, uri: str, cancelled: bool) -> None:
         """Add one generation's engine stats."""
@@ -84,6 +93,9 @@ class ServerCounters:
                 "tokens": t.tokens,
                 "target_forwards": t.target_forwards,
                 "prefill_tokens": t.prefill_tokens,
+                "warmups": t.warmups,
+                "warmups_cancelled": t.warmups_cancelled,
+                "warm_tokens": t.warm_tokens,
                 "acceptance": acceptance,
                 "ttft_p50_s": _round(percentile(ttft, 0.5)),
                 "ttft_p95_s": _round(percentile(ttft, 0.95)),

@@ -4,6 +4,10 @@ Clients submit jobs from the event loop; the worker takes them from a fair, boun
 is cancelled through its Event, which the engine checks once per verify step, so a cancelled,
 superseded or disconnected request frees the worker within one step. Results come back through a
 concurrent Future; streamed text goes through the job's `on_text` callback.
+
+Warm-ups: when the worker has nothing queued, it prefills the context that the next request at the
+latest edit will need (`WarmJob`, one slot, the newest wins), so that request finds its KV prefix
+ready. Any real request cancels a warm-up between two forwards; what was done stays in the cache.
 """
 
 from __future__ import annotations
@@ -73,6 +77,16 @@ class CompletionJob:
             self.cancel.set()
 
 
+@dataclass(slots=True, eq=False)
+class WarmJob:
+    """Prefill the context a request with this text before the cursor would use."""
+
+    client: int
+    uri: str
+    prefix: str
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
 class ModelWorker:
     """Owns the engine; every engine call happens on this worker's thread."""
 
@@ -82,6 +96,8 @@ class ModelWorker:
         self.counters = counters
         self._queue: FairQueue[CompletionJob] = FairQueue(queue_size)
         self._running: CompletionJob | None = None
+        self._warm: WarmJob | None = None  # the pending warm-up
+        self._warming: WarmJob | None = None  # the running one
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="model-worker", daemon=True)
@@ -106,10 +122,24 @@ class ModelWorker:
     def queued(self) -> int:
         return len(self._queue)
 
+    def warm(self, job: WarmJob) -> None:
+        """Prefill for `job` when the worker is idle; replaces (and cancels) any earlier warm-up."""
+        with self._wake:
+            for old in (self._warm, self._warming):
+                if old is not None:
+                    old.cancel.set()
+            self._warm = job
+            self._wake.notify()
+
     def submit(self, job: CompletionJob) -> None:
         """Queue a job, superseding older jobs of the same client and document; ServerBusy when full."""
         self.counters.count("requests")
         with self._wake:
+            # a real request goes first: the warm-up stops between two forwards, a pending one is dropped
+            for warm in (self._warm, self._warming):
+                if warm is not None:
+                    warm.cancel.set()
+            self._warm = None
             for old in self._queue.remove(lambda queued: queued.key == job.key):
                 old.stop("superseded")
                 self._finish_cancelled(old)
@@ -136,12 +166,21 @@ class ModelWorker:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                while not self._stopping and len(self._queue) == 0:
+                while not self._stopping and len(self._queue) == 0 and self._warm is None:
                     self._wake.wait()
                 if self._stopping:
                     return
-                job = self._queue.pop()
-                self._running = job
+                if len(self._queue) == 0:
+                    self._warming, self._warm = self._warm, None
+                    job = None
+                else:
+                    job = self._queue.pop()
+                    self._running = job
+            if job is None:
+                self._run_warm(self._warming)
+                with self._wake:
+                    self._warming = None
+                continue
             try:
                 outcome = self._run(job)
             except Exception as error:  # a failed generation must not take the worker down
@@ -160,9 +199,7 @@ class ModelWorker:
         self.corpus.sync(engine, engine.corpus.set_document)
         request_input = job.input
         settings = request_input.settings
-        max_context = engine.config.max_context
-        prompt = prompt_window(request_input.cursor.prefix, max_context * CHARS_PER_CONTEXT_TOKEN)
-        context = stable_tail(engine.encode(prompt), max_context)
+        context = self._context_for(request_input.cursor.prefix)
         shaper = shaper_for(
             request_input.cursor, request_input.language_id, request_input.path, settings.syntax
         )
@@ -194,6 +231,22 @@ class ModelWorker:
             self.counters.count("cancelled")
             return CompletionOutcome(generation.text, generation.stats, cancelled=True, reason=job.reason)
         return CompletionOutcome(shaper.finalize(generation.text), generation.stats)
+
+    def _context_for(self, prefix: str) -> list[int]:
+        """The token context of a request with this text before the cursor (warm-ups use it too)."""
+        max_context = self.engine.config.max_context
+        prompt = prompt_window(prefix, max_context * CHARS_PER_CONTEXT_TOKEN)
+        return stable_tail(self.engine.encode(prompt), max_context)
+
+    def _run_warm(self, warm: WarmJob) -> None:
+        if warm.cancel.is_set():
+            return
+        try:
+            computed = self.engine.warm(self._context_for(warm.prefix), warm.cancel)
+        except Exception:  # a failed warm-up costs only time: the request computes what it needs
+            logger.exception("warm-up for %s failed", warm.uri)
+            return
+        self.counters.count_warmup(computed, cancelled=warm.cancel.is_set())
 
     def _finish_cancelled(self, job: CompletionJob) -> None:
         self.counters.count("cancelled")

@@ -66,6 +66,11 @@ class ModelDrafter:
         )
         return full.scatter(0, index, probs)
 
+    def warm(self, context: Sequence[int]) -> None:
+        """Bring the draft's cache to `context` ahead of a request."""
+        if context:
+            self._sync(context)
+
     def _sync(self, context: Sequence[int]) -> torch.Tensor:
         """Bring the draft cache to `context` and return the logits after its last token."""
         overflow = len(context) - self.runner.capacity

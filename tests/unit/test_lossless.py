@@ -193,3 +193,15 @@ def test_typing_session_warm_requests_equal_a_cold_engine(tiny_target):
         else:  # delete back a few tokens and type something else
             context = context[:-3] + [rng.randrange(2, tiny_target.vocab_size)]
     assert reused > 0, "the KV prefix should be reused across the session"
+
+
+def test_warm_up_then_request_equals_a_cold_request(tiny_target, tiny_near_draft):
+    for i, prompt in enumerate(long_prompts(tiny_target.vocab_size, 4, seed=51)):
+        method = ("ngram", "hybrid")[i % 2]
+        cold = engine_for(tiny_target, tiny_near_draft, k=8)
+        expected = cold.complete(Request(context=prompt, max_new_tokens=20, draft=method)).tokens
+        warm = engine_for(tiny_target, tiny_near_draft, k=8)
+        assert warm.warm(prompt) == len(prompt)
+        generation = warm.complete(Request(context=prompt, max_new_tokens=20, draft=method))
+        assert generation.tokens == expected
+        assert generation.stats.prefill_tokens == 0  # the warm-up left nothing to compute

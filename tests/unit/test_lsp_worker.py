@@ -11,7 +11,7 @@ from lsp_server.documents import CursorContext
 from lsp_server.fair_queue import FairQueue, QueueFull
 from lsp_server.settings import CompletionSettings
 from lsp_server.stats import ServerCounters
-from lsp_server.worker import CompletionInput, CompletionJob, ModelWorker, ServerBusy
+from lsp_server.worker import CompletionInput, CompletionJob, ModelWorker, ServerBusy, WarmJob
 
 WAIT = 10  # seconds: generous on a busy machine; nothing here sleeps
 
@@ -49,6 +49,9 @@ class FakeEngine:
         self.documents: dict[str, list[int]] = {}
         self.steps = threading.Semaphore(0)
         self.started = queue.Queue()
+        self.warm_steps = threading.Semaphore(0)
+        self.warming = queue.Queue()
+        self.warmed = queue.Queue()
         self.fail = False
 
     def encode(self, text):
@@ -60,6 +63,18 @@ class FakeEngine:
     def stream(self, request, cancel=None, stop_check=None):
         return FakeGeneration(self, request, cancel)
 
+    def warm(self, context, cancel=None):
+        """A prefill of one 'forward' per token that the test lets run or cancels."""
+        self.warming.put(context)
+        for done in range(len(context)):
+            if cancel is not None and cancel.is_set():
+                self.warmed.put((context, done))
+                return done
+            if not self.warm_steps.acquire(timeout=WAIT):
+                raise AssertionError("the test never released this warm-up step")
+        self.warmed.put((context, len(context)))
+        return len(context)
+
 
 @pytest.fixture
 def worker():
@@ -69,6 +84,7 @@ def worker():
     yield worker
     for _ in range(100):  # let a job blocked on its next step see the stop at once
         engine.steps.release()
+        engine.warm_steps.release()
     worker.stop()
 
 
@@ -176,3 +192,40 @@ def test_corpus_feed_is_lazy_and_bounded():
     feed.update("huge", "h" * 11)  # larger than the whole budget: never indexed
     feed.sync(engine, engine.corpus.set_document)
     assert set(engine.documents) == {"c"}
+
+
+def test_an_idle_worker_warms_up_the_context_of_the_next_request(worker):
+    engine = worker.engine
+    worker.warm(WarmJob(1, "a.py", prefix="abc"))
+    assert engine.warming.get(timeout=WAIT) == [ord(c) for c in "abc"]  # the context a request would use
+    for _ in range(3):
+        engine.warm_steps.release()
+    assert engine.warmed.get(timeout=WAIT) == ([97, 98, 99], 3)
+    snapshot = worker.counters.snapshot()
+    assert (snapshot["warmups"], snapshot["warm_tokens"], snapshot["warmups_cancelled"]) == (1, 3, 0)
+
+
+def test_a_request_cancels_a_running_warm_up_and_runs_first(worker):
+    engine = worker.engine
+    worker.warm(WarmJob(1, "a.py", prefix="abcdef"))
+    engine.warming.get(timeout=WAIT)
+    engine.warm_steps.release()  # one 'forward' done
+    running = job(2, "b.py", tokens=1)
+    worker.submit(running)
+    engine.warm_steps.release()  # the warm-up sees the cancel before its next forward
+    context, done = engine.warmed.get(timeout=WAIT)
+    assert 1 <= done < 6
+    assert running.result.result(timeout=WAIT).text == "x"
+    assert worker.counters.snapshot()["warmups_cancelled"] == 1
+
+
+def test_a_newer_warm_up_replaces_a_pending_one(worker):
+    engine = worker.engine
+    blocker = job(1, "busy.py", tokens=2)
+    worker.submit(blocker)
+    engine.started.get(timeout=WAIT)  # the worker is busy: warm-ups wait
+    worker.warm(WarmJob(1, "a.py", prefix="old"))
+    worker.warm(WarmJob(1, "a.py", prefix="new!"))
+    engine.steps.release()
+    blocker.result.result(timeout=WAIT)
+    assert engine.warming.get(timeout=WAIT) == [ord(c) for c in "new!"]

@@ -161,3 +161,24 @@ def test_decode_forward_attention_does_not_depend_on_the_other_rows(tiny_target)
     runner.truncate(len(prefix))
     pairs = torch.cat([runner.extend(block[i : i + 2], all_logits=True) for i in range(0, 15, 2)])
     assert torch.equal(together, pairs)
+
+
+def test_a_cancelled_prefill_keeps_what_it_did_and_a_repeat_costs_nothing(tiny_target):
+    import threading
+
+    ids = tokens(600, tiny_target.vocab_size, seed=13)
+    cancel = threading.Event()
+    cancel.set()
+    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    logits, computed = runner.prefill(ids, cancel)
+    assert logits is None and computed == 0 and len(runner) == 0
+    partial = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    partial.prefill(ids[:300])  # as if a warm-up had been cut short after 300 positions
+    cold_logits, _ = DecoderRunner(tiny_target.weights, exact=True, capacity=1024).prefill(ids)
+    warm_logits, computed = partial.prefill(ids)
+    assert torch.equal(warm_logits, cold_logits) and computed == 600 - 256  # the tail block is redone
+    again, computed = partial.prefill(ids)
+    assert computed == 0 and torch.equal(again, cold_logits)
+    partial.extend(tokens(5, tiny_target.vocab_size, seed=14), all_logits=True)  # generate, then re-ask
+    again, computed = partial.prefill(ids)
+    assert computed == 0 and torch.equal(again, cold_logits)
