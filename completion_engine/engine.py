@@ -14,6 +14,7 @@ from completion_engine.drafting import DocumentCorpus, Drafter, HybridDrafter, M
 from completion_engine.models import LoadedModel, check_compatible
 from completion_engine.runner import DECODE_ROWS, DecoderRunner
 from completion_engine.sampling import Sampler
+from completion_engine.threads import choose_threads
 from completion_engine.types import Chunk, Request, Stats
 from completion_engine.verify import greedy_accept, rejection_sample
 
@@ -73,6 +74,7 @@ class CompletionEngine:
         self.draft = draft
         capacity = config.max_context + GENERATION_ROOM
         self.target_runner = DecoderRunner(target.weights, exact=config.exact, capacity=capacity)
+        self.threads = choose_threads(self._probe_step) if self.target_runner.device.type == "cpu" else 0
         self.corpus = DocumentCorpus(config.ngram_min)
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
         self._model_drafter: ModelDrafter | None = None
@@ -82,6 +84,13 @@ class CompletionEngine:
             self._model_drafter = ModelDrafter(
                 draft_runner, config.draft_min_prob, config.max_draft, draft.vocab_map, target.vocab_size
             )
+
+    def _probe_step(self) -> None:
+        """A decode step after a short context: what the thread count is chosen for."""
+        runner = self.target_runner
+        runner.prefill([0] * 64)
+        runner.extend([0])
+        runner.truncate(0)
 
     @classmethod
     def from_config(cls, config: EngineConfig, progress: bool = True) -> CompletionEngine:

@@ -42,7 +42,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (1 avoids slow spin-waits on a busy machine)",
+        help="torch CPU threads (default: the faster of 1 and all cores, timed when the model loads)",
     )
 
 

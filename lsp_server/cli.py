@@ -197,6 +197,7 @@ def _start_shared(args: argparse.Namespace):
         "target": args.target,
         "draft_model": args.draft_model,
         "device": str(engine.target_runner.device),
+        "threads": engine.threads,
     }
     return SharedState(
         worker=worker,
