@@ -20,6 +20,7 @@ from eval.options import (
     add_engine_arguments,
     build_engine,
     build_peers,
+    close_peers,
     command_line,
     requested_methods,
     run_meta,
@@ -121,9 +122,12 @@ def run_configuration(
     meta = run_meta(args, config, methods, f"bench {name}", root, notes, peers=with_peers)
     prepare_folder(folder / name, meta, args.resume)
     engine = build_engine(config, not args.quiet)
-    peers = build_peers(config, not args.quiet, names=SPEED_PEERS) if with_peers else None
+    peers = build_peers(config, not args.quiet, SPEED_PEERS, args.vllm_python) if with_peers else None
     runner = CaseRunner(engine, RunSettings(methods, args.max_new_tokens, args.repeats), score_repo, peers)
-    rows = run_cases(cases, runner, folder / name, args.resume, not args.quiet, desc=name)
+    try:
+        rows = run_cases(cases, runner, folder / name, args.resume, not args.quiet, desc=name)
+    finally:
+        close_peers(peers)
     write_report(folder / name, rows, meta, plots=main and not args.no_plots)
     del engine, peers, runner
     gc.collect()  # free this configuration's model before the next one loads

@@ -19,6 +19,7 @@ from eval.options import (
     add_engine_arguments,
     build_engine,
     build_peers,
+    close_peers,
     requested_methods,
     run_meta,
     say,
@@ -101,9 +102,12 @@ def _run_eval(args: argparse.Namespace) -> int:
     prepare_folder(folder, meta, args.resume)
     say(f"{len(cases)} cases, methods {', '.join(methods)}; results in {folder}")
     engine = build_engine(config, progress)
-    peers = None if args.no_peers else build_peers(config, progress)
+    peers = None if args.no_peers else build_peers(config, progress, vllm=args.vllm_python)
     runner = CaseRunner(engine, RunSettings(methods, args.max_new_tokens, args.repeats), score, peers)
-    rows = run_cases(cases, runner, folder, args.resume, progress, desc=args.suite)
+    try:
+        rows = run_cases(cases, runner, folder, args.resume, progress, desc=args.suite)
+    finally:
+        close_peers(peers)
     text = write_report(folder, rows, meta, plots=not args.no_plots)
     print(text)
     print(f"results: {folder}/results.json, {folder}/summary.md")

