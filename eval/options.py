@@ -78,7 +78,9 @@ def build_peers(
     python = vllm_python(vllm)
     if python is not None:
         say(f"starting vLLM peers (plain, ngram, suffix) with {python}")
-        peers.append(VllmPeers(python, target, k=config.max_draft))
+        import torch
+
+        peers.append(VllmPeers(python, target, k=config.max_draft, threads=torch.get_num_threads()))
     else:
         say("vLLM peers skipped: vllm is not importable and no --vllm-python was given (eval/peers_vllm.py)")
     return peers

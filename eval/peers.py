@@ -6,8 +6,9 @@
 - hf_fp32_plain: greedy `generate()` of the same model in float32 (another model in memory).
 
 Each generates exactly as many tokens as our plain decode did for the case, so the outputs compare
-token for token. Their time to first token is a separate `max_new_tokens=1` call; the decode phase
-is the rest. HF keeps no KV cache across calls: every call prefills the whole context.
+token for token. A stopping criterion notes when the first token is out, in the same call: that is
+the time to first token (the prefill), and the decode phase is the rest of the call. HF keeps no KV
+cache across calls: every call prefills the whole context.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 PEERS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "hf_fp32_plain")
 
@@ -25,16 +27,30 @@ PEERS = ("hf_plain", "hf_prompt_lookup", "hf_assisted", "hf_fp32_plain")
 class PeerRun:
     tokens: list[int]  # generated token ids
     wall_s: float  # the whole generate() call, prefill included
+    ttft_s: float  # from the call to its first token
 
-    def as_dict(self, ttft_s: float) -> dict:
-        # As the engine's Stats: every generated token over the time after the prefill.
-        decode_s = max(self.wall_s - ttft_s, 0.0)
+    def as_dict(self) -> dict:
+        # As the engine's Stats: every generated token over the time after the first one.
+        decode_s = max(self.wall_s - self.ttft_s, 0.0)
         return {
             "tokens": len(self.tokens),
             "wall_s": round(self.wall_s, 4),
             "decode_s": round(decode_s, 4),
             "decode_tokens_per_s": round(len(self.tokens) / decode_s, 2) if decode_s > 0 else 0.0,
+            "ttft_s": round(self.ttft_s, 4),
         }
+
+
+class FirstTokenClock(StoppingCriteria):
+    """Never stops generation; notes when it is first asked, which is right after the first token."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        if self.first is None:
+            self.first = time.perf_counter()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 class HfPeers:
@@ -90,6 +106,7 @@ class HfPeers:
             options["assistant_model"] = self.draft
         elif peer != "hf_plain":
             raise ValueError(f"unknown peer {peer!r}")
+        clock = FirstTokenClock()
         started = time.perf_counter()
         output = model.generate(
             input_ids,
@@ -100,13 +117,15 @@ class HfPeers:
             top_p=None,
             top_k=None,
             pad_token_id=self.model.config.eos_token_id if self.model.config.pad_token_id is None else None,
+            stopping_criteria=StoppingCriteriaList([clock]),
             **options,
         )
         wall_s = time.perf_counter() - started
         tokens = output[0, input_ids.shape[1] :].tolist()
         while tokens and tokens[-1] in self.eos_ids:  # the engine keeps no EOS token either
             tokens.pop()
-        return PeerRun(tokens=tokens, wall_s=wall_s)
+        ttft_s = (clock.first or started + wall_s) - started
+        return PeerRun(tokens=tokens, wall_s=wall_s, ttft_s=ttft_s)
 
     def run_case(
         self,
@@ -121,24 +140,18 @@ class HfPeers:
         TTFT after an edit is its cold TTFT (edit_context is not run).
         """
         new_tokens = max(new_tokens, 1)
-        # time to first token: one prefill of the whole context (HF keeps no cache between calls)
-        ttft = {"hf_plain": self.generate(context, 1).wall_s}
-        if self.fp32_model is not None:
-            ttft["hf_fp32_plain"] = self.generate(context, 1, "hf_fp32_plain").wall_s
         results: dict[str, dict] = {}
         plain: PeerRun | None = None
         for name in self.names:
             run = self.generate(context, new_tokens, name)
-            ttft_s = ttft.get(name, ttft["hf_plain"])
-            row = run.as_dict(ttft_s)
-            row["ttft_s"] = round(ttft_s, 4)
-            row["prefill_tokens_per_s"] = round(len(context) / ttft_s, 1) if ttft_s > 0 else None
+            row = run.as_dict()
+            row["prefill_tokens_per_s"] = round(len(context) / run.ttft_s, 1) if run.ttft_s > 0 else None
             if plain is None:
                 plain = run
                 row["equal_engine_none"] = run.tokens == list(engine_tokens[:new_tokens])
             else:
                 row["equal_plain"] = run.tokens == plain.tokens
-                plain_decode = plain.as_dict(ttft["hf_plain"])["decode_s"]
+                plain_decode = plain.as_dict()["decode_s"]
                 row["speedup_over_plain"] = (
                     round(plain_decode / row["decode_s"], 3) if row["decode_s"] > 0 else None
                 )

@@ -3,8 +3,8 @@
 Per case:
 1. The case's open documents replace the previous case's in the n-gram corpus.
 2. A cold prefill (`max_new_tokens=1`) fills the target's KV cache: its time is the case's cold
-   time to first token. Every method then reuses that cache, so each pays the same one-token
-   prefill and their decode phases (wall - prefill) compare on equal terms.
+   time to first token. Every method then reuses that cache (the last logits included), so none
+   pays a prefill and their decode phases (wall - prefill) compare on equal terms.
 3. `none` (plain greedy decoding) runs first, then the other methods, each with a fresh stop check.
 4. Lossless check: under greedy decoding every method's text must equal `none`'s.
 5. The suite's score function grades each method's text (it is the same text when lossless, but a
