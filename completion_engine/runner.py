@@ -162,6 +162,7 @@ class DecoderRunner:
         # (length, logits after position length - 1) from the last prefill: still valid while the cache
         # keeps those positions, so a prefill of a context already cached (a warm-up) needs no forward
         self._last_logits: tuple[int, torch.Tensor] | None = None
+        self._tree: tuple[list[int], TreePlan] | None = None  # the last verify_tree, for accept_path
 
     @property
     def capacity(self) -> int:
@@ -241,6 +242,34 @@ class DecoderRunner:
                 self._run(block, step, all_logits=False, logits=False)
         return torch.cat(logits)
 
+    @torch.inference_mode()
+    def verify_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """One decode forward over a token tree after the cached tokens; float32 logits [n, vocab].
+
+        tokens[0] is the root (the pending token), parents[i] < i node i's parent (parents[0] == -1).
+        Node i sits at position len(cache) + depth(i) and attends to the cache and its own ancestors,
+        whose keys lie where plain decoding of its root-to-node path would put them, in the same
+        fixed-shape calls: its logits are the bits of decoding that path one token at a time. The
+        cache keeps no tree position until `accept_path` picks one root-to-node path.
+        """
+        if not self.exact:
+            raise ValueError("tree verification needs the exact forward")
+        if not 0 < len(tokens) <= DECODE_ROWS or len(parents) != len(tokens):
+            raise ValueError(f"a token tree has 1 to {DECODE_ROWS} nodes, each with a parent")
+        tree = TreePlan.of(parents, self.shape.n_layers)
+        self._check_room(len(self.cache) + max(tree.depths) + 1)
+        hidden = self._forward(list(tokens), DECODE_ROWS, tree)
+        self._tree = (list(tokens), tree)
+        return self._logits(hidden)[: len(tokens)].float()
+
+    def accept_path(self, path: Sequence[int]) -> None:
+        """Keep the nodes of `path` (root first, each the parent of the next) from the last verify_tree."""
+        tokens, tree = self._tree
+        start = len(self.cache)
+        for layer in range(self.shape.n_layers):
+            self.cache.write(layer, start, tree.keys[layer][:, path], tree.values[layer][:, path])
+        self.cache.append_tokens([tokens[node] for node in path], DECODE_ROWS)
+
     def _check_room(self, length: int) -> None:
         if length > self.capacity:
             raise ValueError(f"context of {length} tokens exceeds capacity {self.capacity}")
@@ -270,7 +299,8 @@ class DecoderRunner:
             return torch.cat([self._logits(part) for part in hidden.split(DECODE_ROWS)])
         return F.linear(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps), self.w.lm_head)
 
-    def _forward(self, tokens: list[int], rows: int) -> torch.Tensor:
+    def _forward(self, tokens: list[int], rows: int, tree: TreePlan | None = None) -> torch.Tensor:
+        """Hidden states [rows, hidden] of `tokens` placed after the cache (a chain, or a tree's nodes)."""
         s = self.shape
         n = len(tokens)
         start = len(self.cache)
@@ -278,10 +308,19 @@ class DecoderRunner:
         ids[:n] = torch.tensor(tokens, dtype=torch.long)
         x = F.embedding(ids, self.w.embed)  # [rows, hidden]
         pos = torch.full((rows,), start, device=self.device)  # padding rows sit at the first position
-        pos[:n] = torch.arange(start, start + n, device=self.device)
+        offsets = tree.depths if tree is not None else list(range(n))  # a tree node sits at its depth
+        pos[:n] = start + torch.tensor(offsets, dtype=torch.long, device=self.device)
         cos, sin = self.cos[pos, None, :], self.sin[pos, None, :]  # [rows, 1, head_dim]
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        calls = self._attention_calls(start, n, rows) if self.exact else []
+        if not self.exact:
+            calls = []
+        elif tree is None:
+            calls = self._attention_calls([(i, start + i + 1) for i in range(n)], rows)
+        else:
+            paths = [
+                (chain, self._attention_calls([(i, start + tree.depths[i] + 1) for i in owned], rows))
+                for chain, owned in tree.paths
+            ]
         for index, layer in enumerate(self.w.layers):
             h = rms_norm(x, layer.input_norm, s.rms_eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
@@ -289,17 +328,22 @@ class DecoderRunner:
             q = q.view(rows, s.n_heads, s.head_dim)
             k = k.view(rows, s.n_kv_heads, s.head_dim)
             q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            self.cache.write(
-                index,
-                start,
-                k[:n].transpose(0, 1),
-                v.view(rows, s.n_kv_heads, s.head_dim)[:n].transpose(0, 1),
-            )
-            if self.exact:
-                attn = self._bucketed_attention(index, q, calls)
+            k = (k * cos + rotate_half(k) * sin)[:n].transpose(0, 1)  # [kv_head, n, head_dim]
+            v = v.view(rows, s.n_kv_heads, s.head_dim)[:n].transpose(0, 1)
+            attn = q.new_zeros(rows, s.n_heads * s.head_dim)  # padding rows of the forward stay zero
+            if tree is not None:
+                # Each root-to-leaf chain in turn is written where plain decoding keeps it, and the
+                # rows it owns attend to exactly the keys a chain would give them.
+                tree.keys[index], tree.values[index] = k, v
+                for chain, calls in paths:
+                    self.cache.write(index, start, k[:, chain], v[:, chain])
+                    self._bucketed_attention(index, q, calls, attn)
             else:
-                attn = self._sdpa_attention(index, q, start, n)
+                self.cache.write(index, start, k, v)
+                if self.exact:
+                    self._bucketed_attention(index, q, calls, attn)
+                else:
+                    attn = self._sdpa_attention(index, q, start, n)
             x = x + F.linear(attn, layer.out)  # [rows, n_heads * head_dim] -> [rows, hidden]
             h = rms_norm(x, layer.post_norm, s.rms_eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
@@ -322,38 +366,45 @@ class DecoderRunner:
         )  # [1, n_heads, n, head_dim]
         return out[0].transpose(0, 1).reshape(n, s.n_heads * s.head_dim)
 
-    def _attention_calls(self, start: int, n: int, rows: int) -> list[AttentionCall]:
+    def _attention_calls(self, entries: list[tuple[int, int]], rows: int) -> list[AttentionCall]:
         """The fixed-shape attention calls of one forward; the same for every layer.
 
-        Real row i sits at position start + i and attends to its L = start + i + 1 keys. Rows whose L
-        pads to the same key bucket go together, in calls of `call_rows` rows (padding rows repeat the
-        call's first row and are dropped).
+        entries: (row, L) for each real row, in order: the row attends to its first L keys. Consecutive
+        rows whose L pads to the same key bucket go together, in calls of `call_rows` rows (padding
+        rows repeat the call's first row and are dropped).
         """
         call_rows = KEY_BUCKET if rows == PREFILL_ROWS else DECODE_ATTENTION_ROWS
-        lengths = list(range(start + 1, start + n + 1))
         calls = []
         first = 0
-        while first < n:
-            padded = -(-lengths[first] // KEY_BUCKET) * KEY_BUCKET
+        while first < len(entries):
+            padded = -(-entries[first][1] // KEY_BUCKET) * KEY_BUCKET
             last = first
-            while last < n and last - first < call_rows and lengths[last] <= padded:
+            while last < len(entries) and last - first < call_rows and entries[last][1] <= padded:
                 last += 1
-            row_lengths = torch.tensor(
-                lengths[first:last] + [lengths[first]] * (call_rows - (last - first)), device=self.device
-            )
+            here = entries[first:last]
+            lengths = [length for _, length in here] + [here[0][1]] * (call_rows - len(here))
+            row_lengths = torch.tensor(lengths, device=self.device)
             hidden_keys = torch.arange(padded, device=self.device)[None, :] >= row_lengths[:, None]
             mask = torch.zeros(call_rows, padded, device=self.device).masked_fill_(hidden_keys, float("-inf"))
-            calls.append(AttentionCall(first, last - first, padded, mask))
+            row_ids = [row for row, _ in here]
+            contiguous = row_ids == list(range(row_ids[0], row_ids[0] + len(row_ids)))
+            index = None if contiguous else torch.tensor(row_ids, device=self.device)
+            calls.append(AttentionCall(row_ids[0], len(here), padded, mask, index))
             first = last
         return calls
 
-    def _bucketed_attention(self, layer: int, q: torch.Tensor, calls: list[AttentionCall]) -> torch.Tensor:
+    def _bucketed_attention(
+        self, layer: int, q: torch.Tensor, calls: list[AttentionCall], out: torch.Tensor
+    ) -> None:
+        """Attention of the calls' rows, written into out [rows, n_heads * head_dim]."""
         s = self.shape
         scale = s.head_dim**-0.5
-        out = q.new_zeros(q.shape[0], s.n_heads * s.head_dim)  # padding rows of the forward stay zero
         for call in calls:
             rows = call.mask.shape[0]
-            q_rows = q[call.first : call.first + call.real]
+            if call.index is None:
+                q_rows = q[call.first : call.first + call.real]
+            else:
+                q_rows = q.index_select(0, call.index)
             if call.real < rows:
                 q_rows = torch.cat([q_rows, q_rows[:1].expand(rows - call.real, -1, -1)])
             # Heads sharing a kv head go side by side: [kv_head, group * rows, head_dim].
@@ -372,8 +423,11 @@ class DecoderRunner:
                 heads.append(torch.mm(probs, values))  # [group * rows, head_dim]
             call_out = torch.stack(heads)  # [kv_head, group * rows, head_dim]
             call_out = call_out.view(s.n_kv_heads, s.group, rows, s.head_dim)[:, :, : call.real]
-            out[call.first : call.first + call.real] = call_out.permute(2, 0, 1, 3).reshape(call.real, -1)
-        return out
+            call_out = call_out.permute(2, 0, 1, 3).reshape(call.real, -1)
+            if call.index is None:
+                out[call.first : call.first + call.real] = call_out
+            else:
+                out.index_copy_(0, call.index, call_out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,3 +438,48 @@ class AttentionCall:
     real: int  # real rows in this call (the rest of the call's rows are padding)
     padded: int  # keys per call: a multiple of KEY_BUCKET
     mask: torch.Tensor  # [call rows, padded] float32: 0 where a row may look, -inf where it must not
+    index: torch.Tensor | None = None  # [real] the forward's rows in this call, when not first..first+real
+
+
+@dataclass(slots=True)
+class TreePlan:
+    """A token tree in one decode forward: where each node sits and which chain each node's row reads.
+
+    Node i sits at depth[i] (the root, node 0, at 0). The tree is cut into chains that follow first
+    children: `paths` holds (the root-to-leaf chain of nodes, the nodes whose rows that chain owns).
+    """
+
+    depths: list[int]  # [n]
+    paths: list[tuple[list[int], list[int]]]
+    keys: list[torch.Tensor | None]  # per layer [kv_head, n, head_dim]: the nodes' keys, for accept_path
+    values: list[torch.Tensor | None]
+
+    @classmethod
+    def of(cls, parents: Sequence[int], layers: int) -> TreePlan:
+        """parents[i] < i is node i's parent; parents[0] == -1 (the root).
+
+        >>> plan = TreePlan.of([-1, 0, 1, 0, 3], layers=1)  # root -> a -> b and root -> c -> d
+        >>> plan.depths, plan.paths
+        ([0, 1, 2, 1, 2], [([0, 1, 2], [0, 1, 2]), ([0, 3, 4], [3, 4])])
+        """
+        if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise ValueError("a token tree needs parents[0] == -1 and 0 <= parents[i] < i")
+        depths = [0] * len(parents)
+        children: list[list[int]] = [[] for _ in parents]
+        for node in range(1, len(parents)):
+            depths[node] = depths[parents[node]] + 1
+            children[parents[node]].append(node)
+        paths = []
+        for node in range(len(parents)):
+            if node and children[parents[node]][0] == node:
+                continue  # a first child continues its parent's chain
+            owned = [node]
+            while children[owned[-1]]:
+                owned.append(children[owned[-1]][0])
+            ancestors = []
+            up = parents[node] if node else -1
+            while up >= 0:
+                ancestors.append(up)
+                up = parents[up]
+            paths.append((ancestors[::-1] + owned, owned))
+        return cls(depths, paths, [None] * layers, [None] * layers)

@@ -55,3 +55,22 @@ def test_warm_prefill_equals_cold_after_edits(embedded, code_tokens):
         cold_logits, _ = runner_for(embedded).prefill(context)
         assert torch.equal(warm_logits, cold_logits)
         assert computed < len(context)
+
+
+def test_tree_nodes_equal_their_paths_decoded(embedded, code_tokens):
+    # two continuations of the code, branching after 3 tokens, and a lone third branch
+    start = 505  # the deeper branch crosses the key bucket at 512
+    a, b = code_tokens[start : start + 9], code_tokens[start + 20 : start + 25]
+    tokens = [a[0], a[1], a[2], a[3], a[4], a[5], a[6], b[0], b[1], b[2], 77]
+    parents = [-1, 0, 1, 2, 3, 4, 5, 2, 7, 8, 0]
+    runner = runner_for(embedded)
+    runner.prefill(code_tokens[:start])
+    logits = runner.verify_tree(tokens, parents)
+    for node in range(len(tokens)):
+        path, up = [], node
+        while up >= 0:
+            path.append(tokens[up])
+            up = parents[up]
+        steps = torch.cat([runner.extend([t], all_logits=True) for t in path[::-1]])
+        runner.truncate(start)
+        assert torch.equal(logits[node], steps[-1]), f"node {node}"

@@ -182,3 +182,76 @@ def test_a_cancelled_prefill_keeps_what_it_did_and_a_repeat_costs_nothing(tiny_t
     partial.extend(tokens(5, tiny_target.vocab_size, seed=14), all_logits=True)  # generate, then re-ask
     again, computed = partial.prefill(ids)
     assert computed == 0 and torch.equal(again, cold_logits)
+
+
+# -- token trees: one forward verifies several continuations, each with the bits of plain decoding
+
+
+def random_tree(rng: random.Random, nodes: int, vocab: int) -> tuple[list[int], list[int]]:
+    """A random token tree: node 0 the root, siblings with distinct tokens."""
+    tokens, parents = [rng.randrange(vocab)], [-1]
+    while len(tokens) < nodes:
+        parent = rng.randrange(len(tokens))
+        siblings = {tokens[i] for i, p in enumerate(parents) if p == parent}
+        token = rng.randrange(vocab)
+        if token not in siblings:
+            tokens.append(token)
+            parents.append(parent)
+    return tokens, parents
+
+
+def path_to(node: int, parents: list[int]) -> list[int]:
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+@pytest.mark.parametrize("prefix_len", [3, 120, 250])  # 120 + depth crosses a key bucket
+@pytest.mark.parametrize("nodes", [1, 5, 16])
+def test_every_tree_node_has_the_logits_of_decoding_its_path(tiny_target, prefix_len, nodes):
+    rng = random.Random(prefix_len * 100 + nodes)
+    vocab = tiny_target.vocab_size
+    prefix = tokens(prefix_len, vocab, seed=prefix_len)
+    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    runner.prefill(prefix)
+    for shape in range(3):
+        tree_tokens, parents = random_tree(rng, nodes, vocab)
+        tree_logits = runner.verify_tree(tree_tokens, parents)
+        assert len(runner) == prefix_len  # verification alone keeps no tree position
+        for node in range(nodes):
+            path = [tree_tokens[i] for i in path_to(node, parents)]
+            chain = runner.extend(path, all_logits=True)  # the same tokens as one verify block
+            runner.truncate(prefix_len)
+            assert torch.equal(tree_logits[node], chain[-1]), f"tree {shape}, node {node} differs"
+
+
+def test_accepting_a_path_leaves_the_cache_of_plain_decoding(tiny_target):
+    rng = random.Random(7)
+    vocab = tiny_target.vocab_size
+    prefix = tokens(200, vocab, seed=15)
+    tree_tokens, parents = random_tree(rng, 14, vocab)
+    leaf = max(range(14), key=lambda n: len(path_to(n, parents)))
+    path = path_to(leaf, parents)
+    after = tokens(6, vocab, seed=16)
+
+    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    runner.prefill(prefix)
+    runner.verify_tree(tree_tokens, parents)
+    runner.accept_path(path)
+    assert runner.token_ids == prefix + [tree_tokens[i] for i in path]
+    plain = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    plain.prefill(prefix)
+    for i in path:
+        plain.extend([tree_tokens[i]])
+    assert plain.cache.row_buckets == runner.cache.row_buckets
+    assert torch.equal(runner.extend(after, all_logits=True), plain.extend(after, all_logits=True))
+
+
+def test_a_tree_needs_parents_before_children():
+    from completion_engine.runner import TreePlan
+
+    with pytest.raises(ValueError, match="parents"):
+        TreePlan.of([-1, 2, 0], layers=1)
+    with pytest.raises(ValueError, match="parents"):
+        TreePlan.of([0], layers=1)
