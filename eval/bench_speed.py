@@ -15,6 +15,7 @@ import gc
 import sysconfig
 from pathlib import Path
 
+from completion_engine.defaults import default_draft_model
 from completion_engine.options import engine_config
 from eval.options import (
     add_engine_arguments,
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if not root.is_dir():
         raise FileNotFoundError(f"--root {root} is not a folder")
     cases = repo_cases(root, args.points, args.seed, args.open_files)
+    args.draft_model = args.draft_model or default_draft_model(args.target)  # the shipped draft: hybrid
     main_config = engine_config(args)
     methods, skipped = plan_methods(requested_methods(args), main_config.draft_model is not None)
     notes = [f"method {m!r} skipped: {why}" for m, why in skipped.items()]

@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from completion_engine.defaults import default_draft_model
 from completion_engine.options import engine_config
 from eval.options import (
     add_engine_arguments,
@@ -91,6 +92,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     set_threads(args)
     progress = not args.quiet
+    args.draft_model = args.draft_model or default_draft_model(args.target)  # the shipped draft: hybrid
     config = engine_config(args)
     cases, score, root = _suite(args)
     methods, skipped = plan_methods(requested_methods(args), config.draft_model is not None)
