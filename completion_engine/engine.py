@@ -15,8 +15,8 @@ from completion_engine.models import LoadedModel, check_compatible
 from completion_engine.runner import DECODE_ROWS, DecoderRunner
 from completion_engine.sampling import Sampler
 from completion_engine.threads import choose_threads
-from completion_engine.types import Chunk, Request, Stats
-from completion_engine.verify import greedy_accept, rejection_sample
+from completion_engine.types import Chunk, Draft, Request, Stats
+from completion_engine.verify import greedy_accept, greedy_accept_tree, rejection_sample
 
 StopCheck = Callable[[str], "int | None"]  # completion so far -> None (go on) or chars to keep (stop)
 
@@ -188,22 +188,30 @@ class CompletionEngine:
                 draft = drafter.propose(context + progress.tokens, k, sampler) if drafter and k > 0 else None
                 drafted = draft.tokens if draft else []
                 source = draft.source if draft and drafted else "none"
-                base = len(runner)
-                target_logits = runner.extend([pending, *drafted], all_logits=True)  # [1 + n, vocab]
-                if sampler is None:
-                    accepted, pending = greedy_accept(drafted, target_logits)
+                if draft is not None and draft.parents is not None and sampler is None:
+                    kept, pending = self._verify_tree(pending, draft)
+                    stats.tree_steps += 1
+                    stats.tree_nodes += len(drafted)
                 else:
-                    probs = sampler.probs(target_logits)
-                    accepted, pending = rejection_sample(
-                        drafted, draft.probs if draft else None, probs, sampler
-                    )
-                runner.truncate(base + 1 + accepted)  # keep [pending, accepted drafts]: the rest was rejected
+                    base = len(runner)
+                    target_logits = runner.extend([pending, *drafted], all_logits=True)  # [1 + n, vocab]
+                    if sampler is None:
+                        accepted, pending = greedy_accept(drafted, target_logits)
+                    else:
+                        probs = sampler.probs(target_logits)
+                        accepted, pending = rejection_sample(
+                            drafted, draft.probs if draft else None, probs, sampler
+                        )
+                    # keep [pending, accepted drafts]: the rest was rejected
+                    runner.truncate(base + 1 + accepted)
+                    kept = drafted[:accepted]
+                accepted = len(kept)
                 self._record_step(stats, source, len(drafted), accepted)
                 if drafter is not None and drafted:
                     drafter.observe(len(drafted), accepted)
                 chunk = self._accept(
                     request,
-                    [*drafted[:accepted], pending],
+                    [*kept, pending],
                     source,
                     accepted,
                     progress,
@@ -229,6 +237,18 @@ class CompletionEngine:
         if self._model_drafter is not None:
             self._model_drafter.warm(context)
         return self.target_runner.prefill(context, cancel)[1]
+
+    def _verify_tree(self, pending: int, draft: Draft) -> tuple[list[int], int]:
+        """Verify a token tree after the pending token; keep the path greedy decoding takes.
+
+        Returns (the drafted tokens kept, the target's next token).
+        """
+        tokens = [pending, *draft.tokens]
+        parents = [-1, *(parent + 1 for parent in draft.parents)]
+        logits = self.target_runner.verify_tree(tokens, parents)  # [1 + n, vocab]
+        path, next_token = greedy_accept_tree(tokens, parents, logits)
+        self.target_runner.accept_path(path)
+        return [tokens[node] for node in path[1:]], next_token
 
     def _fit_context(self, context: list[int]) -> list[int]:
         if not context:

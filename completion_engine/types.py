@@ -43,6 +43,9 @@ class Draft:
     probs: torch.Tensor | None  # [n, vocab] draft distribution q; None for point-mass (n-gram) drafts
     source: str  # "ngram" | "model"
     match_len: int = 0  # n-gram drafts: how many context tokens the match covered
+    # a token tree: parents[i] < i is the parent of tokens[i], -1 for a child of the pending token;
+    # None for a chain (each token follows the one before)
+    parents: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,8 @@ class Stats:
     accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted draft length -> verify steps
     stop_reason: str = ""  # "length" | "eos" | "stop" | "syntax" | "cancelled"
     forwards_saved_by_stop: int = 0  # estimated target forwards an early (syntax) stop avoided
+    tree_steps: int = 0  # verify steps that checked a token tree (several continuations at once)
+    tree_nodes: int = 0  # drafted tokens in those trees
 
     @property
     def drafted(self) -> int:
@@ -120,6 +125,8 @@ class Stats:
             "mean_accepted_len": round(self.mean_accepted_len, 3),
             "stop_reason": self.stop_reason,
             "forwards_saved_by_stop": self.forwards_saved_by_stop,
+            "tree_steps": self.tree_steps,
+            "tree_nodes": self.tree_nodes,
             "by_source": {
                 name: {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
                 for name, s in sorted(self.by_source.items())

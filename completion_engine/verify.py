@@ -64,3 +64,28 @@ def residual(p: torch.Tensor, q: torch.Tensor | None, token: int) -> torch.Tenso
     if total <= 0:  # p == q: rejection has probability 0, but guard against rounding
         return p
     return r / total
+
+
+def greedy_accept_tree(
+    tokens: Sequence[int], parents: Sequence[int], target_logits: torch.Tensor
+) -> tuple[list[int], int]:
+    """Walk a verified token tree as greedy decoding would; return (the path kept, the next token).
+
+    tokens[0] is the root (the pending token, already chosen); target_logits[i] predicts the token
+    after node i's root-to-node path. From the root, follow the child whose token is the target's
+    argmax; stop where no child is. The path (root first) holds exactly the tokens plain greedy
+    decoding would produce, since every node's logits are those of decoding its path.
+
+    >>> import torch
+    >>> logits = torch.zeros(4, 9); logits[0, 5] = logits[2, 7] = logits[3, 1] = 1.0
+    >>> greedy_accept_tree([4, 6, 5, 7], [-1, 0, 0, 2], logits)  # root -> 6 | root -> 5 -> 7
+    ([0, 2, 3], 1)
+    """
+    choices = target_logits.argmax(dim=-1).tolist()
+    children: dict[int, dict[int, int]] = {}
+    for node in range(1, len(tokens)):
+        children.setdefault(parents[node], {})[tokens[node]] = node
+    path = [0]
+    while (child := children.get(path[-1], {}).get(choices[path[-1]])) is not None:
+        path.append(child)
+    return path, choices[path[-1]]

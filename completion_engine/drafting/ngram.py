@@ -8,7 +8,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from completion_engine.drafting.base import empty_draft
-from completion_engine.drafting.ngram_index import NO_MATCH, DocumentIndex, Match, match_in_context
+from completion_engine.drafting.ngram_index import (
+    NO_MATCH,
+    DocumentIndex,
+    Match,
+    match_in_context,
+    matches_in_context,
+)
+from completion_engine.drafting.tree import Continuation, candidate_tree
 from completion_engine.sampling import Sampler
 from completion_engine.types import Draft
 
@@ -65,6 +72,36 @@ def find_draft(
     return best, source[best.end + 1 : best.end + 1 + k]
 
 
+MAX_CONTINUATIONS = 16  # candidates merged into one tree: the longest matches, the most recent first
+
+
+def find_continuations(
+    context: np.ndarray, corpus: DocumentCorpus | None, min_n: int, max_n: int, k: int
+) -> tuple[int, list[Continuation]]:
+    """(longest match length, what followed each of the longest matches) in the context and the documents.
+
+    Matches one token shorter than the longest are kept too: they often carry the right branch.
+    """
+    found = [(m, context, True) for m in matches_in_context(context, min_n, max_n)]
+    if corpus is not None:
+        tail = context[-max_n:]
+        for doc in corpus.most_recent_first():
+            found += [(m, doc.tokens, False) for m in doc.find_all(tail, max_n)]
+    if not found:
+        return 0, []
+    longest = max(match.length for match, _, _ in found)
+    found = [f for f in found if f[0].length >= max(min_n, longest - 1)]
+    found.sort(key=lambda f: -f[0].length)  # stable: the context first, then the most recent documents
+    continuations = []
+    for match, source, in_context in found[:MAX_CONTINUATIONS]:
+        if in_context:
+            tokens = continue_periodically(context, match.end, k)
+        else:
+            tokens = source[match.end + 1 : match.end + 1 + k]
+        continuations.append(Continuation(tokens.tolist(), float(match.length)))
+    return longest, continuations
+
+
 def continue_periodically(context: np.ndarray, end: int, k: int) -> np.ndarray:
     """The k tokens after context[end], reading on into the draft itself past the context's end.
 
@@ -79,17 +116,30 @@ def continue_periodically(context: np.ndarray, end: int, k: int) -> np.ndarray:
 
 
 class NgramDrafter:
+    """Prompt lookup. With `tree`, greedy requests get a candidate tree of every likely continuation
+    (drafting/tree.py); sampled ones, and `tree=False`, a chain from the single longest match."""
+
     source = "ngram"
 
-    def __init__(self, corpus: DocumentCorpus | None, min_n: int = 2, max_n: int = 8) -> None:
+    def __init__(
+        self, corpus: DocumentCorpus | None, min_n: int = 2, max_n: int = 8, tree: bool = True
+    ) -> None:
         self.corpus = corpus
         self.min_n = min_n
         self.max_n = max_n
+        self.tree = tree
 
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
         if k <= 0:
             return empty_draft(self.source)
         ctx = np.asarray(context[-4096:] if len(context) > 4096 else context, dtype=np.int64)
+        if self.tree and sampler is None:
+            longest, continuations = find_continuations(ctx, self.corpus, self.min_n, self.max_n, k)
+            if not continuations:
+                return empty_draft(self.source)
+            tokens, parents = candidate_tree(continuations, k)
+            chain = parents == list(range(-1, len(parents) - 1))
+            return Draft(tokens, None, self.source, longest, None if chain else parents)
         match, tokens = find_draft(ctx, self.corpus, self.min_n, self.max_n, k)
         if match.length == 0:
             return empty_draft(self.source)

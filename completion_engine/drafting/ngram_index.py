@@ -73,10 +73,38 @@ def match_in_context(context: np.ndarray, min_n: int, max_n: int) -> Match:
     if len(context) <= min_n:
         return NO_MATCH
     tail = context[-max_n:]
+    return best_match(context, _context_candidates(context, tail, min_n), tail, min_n, max_n)
+
+
+def _context_candidates(context: np.ndarray, tail: np.ndarray, min_n: int) -> np.ndarray:
     body = context[:-1]  # an end at the last index would be the tail itself
     candidates = np.flatnonzero(body == tail[-1])
-    candidates = candidates[candidates >= min_n - 1]
-    return best_match(context, candidates, tail, min_n, max_n)
+    return candidates[candidates >= min_n - 1]
+
+
+def all_matches(
+    sequence: np.ndarray, ends: np.ndarray, tail: np.ndarray, min_n: int, max_n: int
+) -> list[Match]:
+    """Every candidate end whose match is at least min_n tokens long, longest first, then latest.
+
+    >>> all_matches(np.array([1, 2, 3, 9, 2, 3, 7, 2, 3]), np.array([2, 5]), np.array([2, 3]), 2, 4)
+    [Match(length=2, end=5), Match(length=2, end=2)]
+    """
+    if len(ends) == 0:
+        return []
+    lengths = extend_backwards(sequence, ends, tail, max_n)
+    keep = lengths >= min_n
+    order = np.lexsort((-ends[keep], -lengths[keep]))
+    kept_lengths, kept_ends = lengths[keep][order], ends[keep][order]
+    return [Match(int(length), int(end)) for length, end in zip(kept_lengths, kept_ends, strict=True)]
+
+
+def matches_in_context(context: np.ndarray, min_n: int, max_n: int) -> list[Match]:
+    """Every earlier occurrence of the context's tail of at least min_n tokens (see all_matches)."""
+    if len(context) <= min_n:
+        return []
+    tail = context[-max_n:]
+    return all_matches(context, _context_candidates(context, tail, min_n), tail, min_n, max_n)
 
 
 class DocumentIndex:
@@ -91,11 +119,17 @@ class DocumentIndex:
         self.sorted_ends = order.astype(np.int64) + (min_n - 1)
 
     def find(self, tail: np.ndarray, max_n: int) -> Match:
+        return best_match(self.tokens, self._candidates(tail), tail, self.min_n, max_n)
+
+    def find_all(self, tail: np.ndarray, max_n: int) -> list[Match]:
+        return all_matches(self.tokens, self._candidates(tail), tail, self.min_n, max_n)
+
+    def _candidates(self, tail: np.ndarray) -> np.ndarray:
+        """Ends of the min_n-grams equal (by hash) to the tail's last min_n tokens."""
         if len(tail) < self.min_n:
-            return NO_MATCH
+            return np.empty(0, dtype=np.int64)
         key = ngram_hashes(tail[-self.min_n :], self.min_n)[0]
         lo = np.searchsorted(self.sorted_hashes, key, side="left")
         hi = np.searchsorted(self.sorted_hashes, key, side="right")
         ends = self.sorted_ends[lo:hi]
-        ends = ends[ends < len(self.tokens) - 1]  # a draft needs at least one following token
-        return best_match(self.tokens, ends, tail, self.min_n, max_n)
+        return ends[ends < len(self.tokens) - 1]  # a draft needs at least one following token

@@ -205,3 +205,44 @@ def test_warm_up_then_request_equals_a_cold_request(tiny_target, tiny_near_draft
         generation = warm.complete(Request(context=prompt, max_new_tokens=20, draft=method))
         assert generation.tokens == expected
         assert generation.stats.prefill_tokens == 0  # the warm-up left nothing to compute
+
+
+def test_token_trees_from_disagreeing_documents_equal_plain(tiny_target):
+    """Open documents that continue the tail differently: the n-gram drafter verifies trees."""
+    engine = engine_for(tiny_target, k=12)
+    trees = accepted = 0
+    for i, prompt in enumerate(random_prompts(tiny_target.vocab_size, PROMPTS, seed=61)):
+        expected = plain(engine, prompt, 30)
+        for doc in range(4):  # the right continuation, corrupted differently in each document
+            engine.corpus.set_document(f"doc{doc}", prompt[-5:] + corrupted(expected, every=2 + doc + i % 3))
+        generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft="ngram"))
+        assert generation.tokens == expected, f"tree drafting diverged on prompt {i}"
+        trees += generation.stats.tree_steps
+        accepted += generation.stats.accepted
+    assert trees > 0 and accepted > 0, "the cases should verify trees and accept from them"
+
+
+def test_eos_inside_a_tree_branch(tiny_tokenizer):
+    from tests.conftest import tiny_loaded
+
+    target = tiny_loaded(tiny_tokenizer, seed=1)
+    free = engine_for(target, k=12)
+    prompt = random_prompts(target.vocab_size, 1, seed=71)[0]
+    expected = plain(free, prompt, 20)
+    eos = expected[6]
+    stopping = LoadedModel(target.name, target.weights, target.tokenizer, frozenset([eos]))
+    engine = engine_for(stopping, k=12)
+    for doc in range(3):
+        engine.corpus.set_document(f"doc{doc}", prompt[-5:] + corrupted(expected, every=3 + doc))
+    generation = engine.complete(Request(context=prompt, max_new_tokens=20, draft="ngram"))
+    assert generation.tokens == expected[:6] and generation.stats.stop_reason == "eos"
+
+
+def test_an_all_rejected_tree_still_equals_plain(tiny_target):
+    engine = engine_for(tiny_target, k=12)
+    for prompt in random_prompts(tiny_target.vocab_size, 4, seed=81):
+        expected = plain(engine, prompt, 15)
+        for doc in range(3):  # continuations that never agree with the target
+            engine.corpus.set_document(f"doc{doc}", prompt[-5:] + [(t + 7 + doc) % 500 for t in expected])
+        generation = engine.complete(Request(context=prompt, max_new_tokens=15, draft="ngram"))
+        assert generation.tokens == expected

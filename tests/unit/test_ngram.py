@@ -88,3 +88,29 @@ def test_corpus_cap_drops_the_oldest_documents():
     corpus.set_document("old", list(range(6)))
     corpus.set_document("new", list(range(6)))
     assert "old" not in corpus and "new" in corpus and corpus.total_tokens == 6
+
+
+def test_continuations_keep_every_longest_match_and_the_tree_merges_them():
+    import numpy as np
+
+    from completion_engine.drafting.ngram import DocumentCorpus, find_continuations
+    from completion_engine.drafting.tree import candidate_tree
+
+    corpus = DocumentCorpus(min_n=2)
+    corpus.set_document("a", [1, 2, 3, 10, 11])
+    corpus.set_document("b", [1, 2, 3, 20, 21])
+    context = np.array([7, 8, 2, 3], dtype=np.int64)
+    longest, continuations = find_continuations(context, corpus, min_n=2, max_n=4, k=2)
+    assert longest == 2
+    assert sorted(tuple(c.tokens) for c in continuations) == [(10, 11), (20, 21)]
+    tokens, parents = candidate_tree(continuations, budget=4)
+    assert sorted(tokens) == [10, 11, 20, 21]
+    assert [tokens[i] for i, p in enumerate(parents) if p == -1] in ([20, 10], [10, 20])  # two branches
+
+
+def test_a_unanimous_candidate_tree_is_a_chain_and_the_budget_holds():
+    from completion_engine.drafting.tree import Continuation, candidate_tree
+
+    tokens, parents = candidate_tree([Continuation([4, 5, 6, 7], 3.0)] * 3, budget=3)
+    assert tokens == [4, 5, 6] and parents == [-1, 0, 1]
+    assert candidate_tree([], budget=5) == ([], [])
