@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import secrets
 import sys
 
 from completion_engine.options import (
@@ -47,7 +48,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     transport.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV) or None,
-        help=f"secret clients must present (?token=T or Authorization: Bearer T); default: ${TOKEN_ENV}",
+        help=f"secret clients must present (?token=T or Authorization: Bearer T); default: ${TOKEN_ENV}, "
+        "else a new one each run, printed with the URL",
+    )
+    transport.add_argument(
+        "--no-token",
+        action="store_true",
+        help="with --ws on loopback, let clients in without a token (any local program may then connect)",
+    )
+    transport.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let browser pages from ORIGIN (e.g. https://ide.example.com) connect; repeatable. Without it "
+        "handshakes that carry an Origin header other than VS Code's are refused",
     )
 
     add_engine_arguments(parser.add_argument_group("model"))
@@ -101,6 +116,10 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
             )
         if not args.token:
             return f"refusing to bind {args.host} without a token: pass --token T (or set ${TOKEN_ENV})"
+    if args.no_token and args.token is not None:
+        return f"--no-token and a token (--token or ${TOKEN_ENV}) contradict each other: choose one"
+    if args.no_token and not is_loopback(args.host):
+        return "--no-token is for loopback only: a server reachable from other machines needs a token"
     if args.token is not None and len(args.token) < 8:
         return "the token is too short: use at least 8 characters (e.g. `openssl rand -hex 16`)"
     if not 0 <= args.port <= 65535:
@@ -147,19 +166,32 @@ async def _stdio(shared, stdout) -> int:
     return await serve_stdio(shared, FdReader(sys.stdin.fileno()), stdout)
 
 
+def ws_token(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """The token WebSocket clients must present, and whether it was generated for this run."""
+    if args.no_token:
+        return None, False
+    if args.token:
+        return args.token, False
+    return secrets.token_urlsafe(18), True
+
+
 def _run_ws(shared, args: argparse.Namespace) -> int:
     from lsp_server.transport import WsOptions, print_line, serve_ws
 
+    token, generated = ws_token(args)
+
     def announce(url: str) -> None:
-        shown = f"{url}/?token=…" if args.token else url
+        # A token given by the user stays off the terminal; a generated one is there to be pasted.
+        shown = f"{url}/?token={token}" if generated else f"{url}/?token=…" if token else url
         print_line(f"spec-complete: listening on {shown} (model {args.target}, draft {args.draft})")
         print_line(
             "spec-complete: in VS Code set specComplete.connection to websocket and specComplete.url to "
-            f"{url}{' (and specComplete.token)' if args.token else ''}; editors without WebSocket support "
-            "(Neovim, Helix) run `spec-complete serve --stdio` as their language server command instead"
+            f"{shown}{' (the token: specComplete.token)' if token and not generated else ''}; editors "
+            "without WebSocket support (Neovim, Helix) run `spec-complete serve --stdio` as their "
+            "language server command instead"
         )
 
-    options = WsOptions(host=args.host, port=args.port, token=args.token)
+    options = WsOptions(host=args.host, port=args.port, token=token, allowed_origins=tuple(args.allow_origin))
     try:
         asyncio.run(serve_ws(shared, options, announce))
     except OSError as error:

@@ -11,12 +11,25 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from pygls.client import JsonRPCClient
 from pygls.protocol import JsonRPCProtocol, default_converter
+
+_ANNOUNCED_URL = re.compile(r"ws://[\w.\[\]:]+:\d+(?:/\?token=[\w-]+)?")
+
+
+def announced_url(line: str) -> str | None:
+    """The URL from `spec-complete serve --ws`'s first line, with the run's token when it printed one.
+
+    >>> announced_url("spec-complete: listening on ws://127.0.0.1:8765/?token=a-b_c (model m, draft d)")
+    'ws://127.0.0.1:8765/?token=a-b_c'
+    """
+    found = _ANNOUNCED_URL.search(line)
+    return found.group(0) if found else None
 
 
 class _RecordingProtocol(JsonRPCProtocol):

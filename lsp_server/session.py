@@ -201,7 +201,9 @@ class ClientSession:
         job.result.add_done_callback(lambda done: self._remember(uri, done))
         self.shared.worker.submit(job)
         try:
-            outcome: CompletionOutcome = await asyncio.wrap_future(job.result)
+            # shielded: a client's cancel must not cancel job.result, whose outcome (with the stopped
+            # run's stats) still reaches _remember
+            outcome: CompletionOutcome = await asyncio.shield(asyncio.wrap_future(job.result))
         except asyncio.CancelledError:
             self.shared.worker.cancel(lambda queued: queued is job, "client")
             raise

@@ -205,6 +205,26 @@ def token_matches(presented: str | None, expected: str) -> bool:
     return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
+EDITOR_ORIGINS = ("vscode-file://vscode-app",)  # VS Code's desktop app; its extension host sends none
+
+
+def origin_allowed(origin: str | None, allowed: tuple[str, ...] = ()) -> bool:
+    """May a handshake with this Origin header connect? Browsers always send one, and any web page
+    the user has open may try ws://127.0.0.1: only editors' origins and those passed with
+    --allow-origin get in. Editors and command-line clients send no Origin at all.
+
+    >>> origin_allowed(None), origin_allowed("vscode-file://vscode-app")
+    (True, True)
+    >>> origin_allowed("https://evil.example"), origin_allowed("null")
+    (False, False)
+    >>> origin_allowed("https://ide.example.com", ("https://ide.example.com",))
+    True
+    """
+    if origin is None:
+        return True
+    return origin.strip().rstrip("/").lower() in {o.rstrip("/").lower() for o in (*EDITOR_ORIGINS, *allowed)}
+
+
 def ws_url(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     return f"ws://{shown}:{port}"
@@ -215,6 +235,7 @@ class WsOptions:
     host: str
     port: int
     token: str | None  # required of every client when set
+    allowed_origins: tuple[str, ...] = ()  # browser origins let in besides editors' (--allow-origin)
 
 
 class _WsTextWriter:
@@ -258,6 +279,14 @@ async def serve_ws(shared: SharedState, options: WsOptions, announce: Callable[[
     from websockets.asyncio.server import serve
 
     def check(connection, request):
+        origin = request.headers.get("Origin")
+        if not origin_allowed(origin, options.allowed_origins):
+            logger.warning("refused a WebSocket handshake from origin %.100r", origin)
+            return connection.respond(
+                HTTPStatus.FORBIDDEN,
+                f"spec-complete: connections from the origin {origin[:100]!r} are refused: a web page may "
+                "not drive this server. Start it with --allow-origin ORIGIN to let that origin in\n",
+            )
         if options.token is not None:
             presented = presented_token(request.path, request.headers.get("Authorization"))
             if not token_matches(presented, options.token):
