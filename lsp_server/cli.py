@@ -96,6 +96,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="larger documents are refused",
     )
     limits.add_argument(
+        "--max-documents", type=int, default=defaults.max_documents, help="open documents per client"
+    )
+    limits.add_argument(
+        "--max-changes", type=int, default=defaults.max_changes, help="content changes in one didChange"
+    )
+    limits.add_argument(
         "--corpus-tokens", type=int, default=defaults.corpus_tokens, help="n-gram corpus token cap"
     )
     limits.add_argument(
@@ -108,6 +114,10 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
     """Why these arguments cannot start a server, or None. Runs before any model is loaded."""
     from lsp_server.transport import is_loopback
 
+    if args.no_token and args.token is not None:
+        return f"--no-token and a token (--token or ${TOKEN_ENV}) contradict each other: choose one"
+    if args.no_token and not is_loopback(args.host):
+        return "--no-token is for loopback only: a server reachable from other machines needs a token"
     if args.ws and not is_loopback(args.host):
         if not args.allow_remote:
             return (
@@ -116,10 +126,6 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
             )
         if not args.token:
             return f"refusing to bind {args.host} without a token: pass --token T (or set ${TOKEN_ENV})"
-    if args.no_token and args.token is not None:
-        return f"--no-token and a token (--token or ${TOKEN_ENV}) contradict each other: choose one"
-    if args.no_token and not is_loopback(args.host):
-        return "--no-token is for loopback only: a server reachable from other machines needs a token"
     if args.token is not None and len(args.token) < 8:
         return "the token is too short: use at least 8 characters (e.g. `openssl rand -hex 16`)"
     if not 0 <= args.port <= 65535:
@@ -129,7 +135,16 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
         return f"--draft {args.draft} needs --draft-model"
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS_CAP:
         return f"--max-new-tokens must be 1..{MAX_NEW_TOKENS_CAP}"
-    for name in ("queue_size", "max_document_kb", "corpus_tokens", "max_clients", "max_context", "threads"):
+    for name in (
+        "queue_size",
+        "max_document_kb",
+        "max_documents",
+        "max_changes",
+        "corpus_tokens",
+        "max_clients",
+        "max_context",
+        "threads",
+    ):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
     return None
@@ -212,6 +227,8 @@ def _start_shared(args: argparse.Namespace):
     limits = ServerLimits(
         queue_size=args.queue_size,
         max_document_bytes=args.max_document_kb * 1024,
+        max_documents=args.max_documents,
+        max_changes=args.max_changes,
         corpus_tokens=args.corpus_tokens,
         max_clients=args.max_clients,
     )

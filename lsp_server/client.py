@@ -117,8 +117,13 @@ class LspClient:
         return client
 
     @classmethod
-    async def websocket(cls, url: str, token: str | None = None, bearer: bool = False) -> LspClient:
-        """Connect to a WebSocket server; a token goes in the query (or, with bearer, in a header)."""
+    async def websocket(
+        cls, url: str, token: str | None = None, bearer: bool = False, origin: str | None = None
+    ) -> LspClient:
+        """Connect to a WebSocket server; a token goes in the query (or, with bearer, in a header).
+
+        `origin` sends an Origin header, as a browser would.
+        """
         from websockets.asyncio.client import connect
 
         headers = {}
@@ -128,7 +133,7 @@ class LspClient:
             else:
                 url = f"{url.rstrip('/')}/?token={token}"
         client = cls()
-        client._websocket = await connect(url, additional_headers=headers, max_size=None)
+        client._websocket = await connect(url, additional_headers=headers, max_size=None, origin=origin)
         client.protocol.set_writer(_WsTextWriter(client._websocket), include_headers=False)
         client._tasks.append(asyncio.create_task(client._read_ws()))
         return client
@@ -160,6 +165,11 @@ class LspClient:
         data = body.encode("utf-8") if isinstance(body, str) else body
         if self._process is not None:
             data = f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+        self.protocol.writer.write(data)
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write bytes to a stdio server exactly as given: no framing added (to send broken frames)."""
+        assert self._process is not None, "write_bytes is for stdio connections"
         self.protocol.writer.write(data)
 
     def send(self, message: dict) -> None:

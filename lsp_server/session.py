@@ -108,6 +108,7 @@ class ClientSession:
         )
         self.limits_hit: dict[str, int] = {}  # refusals by limit, this client's
         self.recent = RecentRequests()
+        self._told_full = False  # "too many documents" was told and no document closed since
         self._seeds = itertools.count()
         shared.live_clients.add(self.id)
 
@@ -138,9 +139,18 @@ class ClientSession:
     # -- documents -------------------------------------------------------------------------------
 
     def open(self, uri: str, text: str, version: int, language_id: str) -> str | None:
-        """Returns why the document was refused, or None."""
+        """Returns why the document was refused, to tell the client, or None.
+
+        "Too many documents" is told once until a document closes: a client opening thousands
+        must not get thousands of messages back.
+        """
+        full_before = self.limits_hit.get("documents", 0)
         refused = self.documents.open(uri, text, version, language_id)
         self._feed(uri, refused)
+        if refused and self.limits_hit.get("documents", 0) > full_before:
+            if self._told_full:
+                return None
+            self._told_full = True
         return refused
 
     def change(self, uri: str, version: int, changes: list[TextChange]) -> str | None:
@@ -150,6 +160,7 @@ class ClientSession:
         return refused if refused and not was_refused else None
 
     def close(self, uri: str) -> None:
+        self._told_full = False
         self.shared.worker.cancel(lambda job: job.key == (self.id, uri), "closed")
         self.documents.close(uri)
         self.shared.corpus.remove(self.doc_id(uri))
