@@ -293,7 +293,8 @@ async def serve_ws(shared: SharedState, options: WsOptions, announce: Callable[[
                 return connection.respond(
                     HTTPStatus.UNAUTHORIZED,
                     "spec-complete: this server needs a token: add ?token=T to the URL "
-                    "or send the header Authorization: Bearer T\n",
+                    "or send the header Authorization: Bearer T (when the server made up its own, it "
+                    "printed the URL with it at start: spec-complete: listening on ws://...?token=T)\n",
                 )
         if len(shared.live_clients) >= shared.limits.max_clients:
             return connection.respond(
