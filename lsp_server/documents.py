@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lsp_server.edits import TextChange, apply_changes, index_of_units
+from lsp_server.edits import TextChange, edit_lines, index_of_units, split_lines
 
 __all__ = ["TextChange", "index_of_units"]  # re-exported: they belong to edits.py, callers import them here
 
@@ -186,6 +186,9 @@ class DocumentStore:
         self._open: dict[str, OpenDocument] = {}
         self._refused: dict[str, tuple[str, str]] = {}  # uri -> (reason, language id)
         self.total_bytes = 0  # kept as documents come and go: never re-summed
+        # The lines of the document changed last (one: typing happens in one document at a time),
+        # so the next didChange there skips splitting the whole text again.
+        self._lines: tuple[str, list[str]] | None = None
 
     def __contains__(self, uri: str) -> bool:
         return uri in self._open or uri in self._refused
@@ -228,11 +231,20 @@ class DocumentStore:
         if doc is None:
             raise DocumentError(f"{uri} is not open: didChange before didOpen")
         cleaned = [TextChange(clean_text(c.text), c.range) for c in changes]
-        text = apply_changes(doc.text, cleaned, self.encoding)
+        cached = self._lines is not None and self._lines[0] == uri
+        try:
+            lines = edit_lines(self._lines[1] if cached else split_lines(doc.text), cleaned, self.encoding)
+        except BaseException:
+            self._lines = None  # edited in place, part way: no longer the document's lines
+            raise
         self.close(uri)
-        return self._store(uri, text, version, doc.language_id)
+        refused = self._store(uri, "".join(lines), version, doc.language_id)
+        self._lines = (uri, lines) if refused is None else None
+        return refused
 
     def close(self, uri: str) -> None:
+        if self._lines is not None and self._lines[0] == uri:
+            self._lines = None
         doc = self._open.pop(uri, None)
         if doc is not None:
             self.total_bytes -= _held(uri, doc.size)

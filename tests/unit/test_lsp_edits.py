@@ -40,7 +40,7 @@ def test_worked_examples(text, changes, expected):
 @pytest.mark.parametrize("seed", range(30))
 def test_random_edit_sequences_match_one_at_a_time(seed):
     rng = random.Random(seed)
-    alphabet = ["a", "b", " ", "\n", "\r", "\r\n", "\U0001f600", "é"]
+    alphabet = ["a", "b", " ", "\n", "\r", "\r\n", "\U0001f600", "é", "\x0c", "\u2028"]
     text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
     changes = []
     for _ in range(rng.randrange(1, 20)):
@@ -53,3 +53,29 @@ def test_random_edit_sequences_match_one_at_a_time(seed):
         changes.append(TextChange(inserted, (start, end)))
     for encoding in ("utf-16", "utf-8", "utf-32"):
         assert apply_changes(text, changes, encoding) == one_at_a_time(text, changes, encoding)
+
+
+def test_split_lines_ignores_the_breaks_lsp_does_not_know():
+    assert split_lines("a\x0cb\u2028c\nd") == ["a\x0cb\u2028c\n", "d"]
+    assert split_lines("a\x85\r") == ["a\x85\r", ""]
+
+
+def test_the_store_keeps_the_lines_of_the_document_being_typed_in_step():
+    from lsp_server.documents import DocumentLimits, DocumentStore
+
+    rng = random.Random(7)
+    store = DocumentStore(DocumentLimits(10_000, 100_000))
+    texts = {"file:///a": "one\ntwo\r\nthree\n", "file:///b": "x\ry\n"}
+    for uri, text in texts.items():
+        store.open(uri, text, 1, "python")
+    for version in range(2, 60):
+        uri = rng.choice(list(texts))  # switching documents drops the kept lines; coming back re-splits
+        changes = [
+            TextChange(
+                rng.choice(["", "z", "\n", "\r", "é\r\n"]), ((rng.randrange(5), rng.randrange(6)),) * 2
+            )
+            for _ in range(rng.randrange(1, 4))
+        ]
+        assert store.change(uri, version, changes) is None
+        texts[uri] = one_at_a_time(texts[uri], changes)
+        assert store.get(uri).text == texts[uri]
