@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import sys
+from urllib.parse import urlsplit
 
 from completion_engine.options import (
     add_engine_arguments,
@@ -114,6 +115,9 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
     """Why these arguments cannot start a server, or None. Runs before any model is loaded."""
     from lsp_server.transport import is_loopback
 
+    for origin in args.allow_origin:
+        if "://" not in origin or urlsplit(origin).path not in ("", "/"):
+            return f"--allow-origin takes an origin such as https://ide.example.com, not {origin!r}"
     if args.no_token and args.token is not None:
         return f"--no-token and a token (--token or ${TOKEN_ENV}) contradict each other: choose one"
     if args.no_token and not is_loopback(args.host):
