@@ -1,14 +1,17 @@
 """The hardened protocol and the transports' helpers, without a model or a process."""
 
+import argparse
 import io
 import json
 import os
 
 import pytest
 
+from lsp_server.cli import TOKEN_ENV, add_serve_arguments, check_serve_arguments, ws_token
+from lsp_server.client import announced_url
 from lsp_server.framing import BadFrame, FrameReader, peek_fields
 from lsp_server.protocol import SpecCompleteServer
-from lsp_server.transport import FdReader, is_loopback, presented_token, token_matches
+from lsp_server.transport import FdReader, is_loopback, origin_allowed, presented_token, token_matches
 
 
 class Capture:
@@ -163,3 +166,37 @@ def test_token_rules():
     assert token_matches("s3cret", "s3cret") and not token_matches(None, "s3cret")
     assert is_loopback("127.0.0.2") and is_loopback("[::1]") and not is_loopback("10.0.0.1")
     assert not is_loopback("example.com")
+
+
+def test_origin_rules():
+    assert origin_allowed(None)  # editors and command-line clients send no Origin
+    assert origin_allowed("vscode-file://vscode-app")
+    for browser in ("https://evil.example", "null", "http://127.0.0.1:8765", "", "vscode-webview://x"):
+        assert not origin_allowed(browser), browser
+    assert origin_allowed("https://IDE.example.com/", ("https://ide.example.com",))
+    assert not origin_allowed("https://ide.example.com.evil", ("https://ide.example.com",))
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return parser.parse_args(["--target", "tiny-random", *argv])
+
+
+def test_a_websocket_server_has_a_token_unless_no_token_is_asked_for(monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    made, generated = ws_token(serve_args("--ws"))
+    assert generated and len(made) >= 20 and made != ws_token(serve_args("--ws"))[0]
+    assert ws_token(serve_args("--ws", "--token", "given-token-123")) == ("given-token-123", False)
+    assert ws_token(serve_args("--ws", "--no-token")) == (None, False)
+    assert "contradict" in check_serve_arguments(serve_args("--ws", "--no-token", "--token", "t" * 12))
+    remote = serve_args("--ws", "--no-token", "--host", "0.0.0.0", "--allow-remote")
+    assert "loopback only" in check_serve_arguments(remote)
+    assert "origin such as" in check_serve_arguments(serve_args("--ws", "--allow-origin", "evil.example"))
+    assert check_serve_arguments(serve_args("--ws", "--allow-origin", "https://ide.example.com")) is None
+
+
+def test_the_announced_url_carries_the_token():
+    line = "spec-complete: listening on ws://127.0.0.1:8765/?token=a-b_c (model m, draft d)"
+    assert announced_url(line) == "ws://127.0.0.1:8765/?token=a-b_c"
+    assert announced_url("spec-complete: listening on ws://[::1]:9/ (model m)") == "ws://[::1]:9"
