@@ -12,9 +12,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+# TextChange and index_of_units live in edits.py (the lower layer); callers may import them from here
 from lsp_server.edits import TextChange, edit_lines, index_of_units, split_lines
-
-__all__ = ["TextChange", "index_of_units"]  # re-exported: they belong to edits.py, callers import them here
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # two UTF-16 code units each
