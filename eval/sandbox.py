@@ -247,7 +247,9 @@ def _start(command: list[str], folder: str, env: dict, pass_fds, **user) -> subp
 def _finish(
     process: subprocess.Popen, sandbox_pid: int | None, timeout_s: float, tail_chars: int, mode: str
 ) -> SandboxResult:
-    pidfd = _pidfd(sandbox_pid)
+    # When the program exits, so does PID 1, and the kernel kills what it left behind: only a
+    # timeout needs the kill.
+    pidfd = _pidfd(sandbox_pid, process.pid)
     try:
         try:
             output, _ = process.communicate(timeout=timeout_s)
@@ -255,8 +257,6 @@ def _finish(
             _kill(process, pidfd)
             output, _ = process.communicate()
             return SandboxResult(False, "timeout", None, _tail(output, tail_chars), mode)
-        if pidfd is not None:  # the program exited; anything it left behind goes with PID 1
-            _kill(process, pidfd)
     finally:
         if pidfd is not None:
             os.close(pidfd)
@@ -265,13 +265,24 @@ def _finish(
     return SandboxResult(passed, status, process.returncode, _tail(output, tail_chars), mode)
 
 
-def _pidfd(pid: int | None) -> int | None:
+def _pidfd(pid: int | None, parent: int) -> int | None:
+    """A pidfd for the sandbox's PID 1, checked to be bwrap's child: a number alone could name
+    another process once PID 1 is gone, and the evaluator may be root."""
     if pid is None:
         return None
     try:
-        return os.pidfd_open(pid)
+        pidfd = os.pidfd_open(pid)
     except ProcessLookupError:  # already gone
         return None
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            ppid = next((int(line.split()[1]) for line in status if line.startswith("PPid:")), None)
+    except OSError:
+        ppid = None
+    if ppid != parent:
+        os.close(pidfd)
+        return None
+    return pidfd
 
 
 def _kill(process: subprocess.Popen, pidfd: int | None) -> None:
