@@ -1,11 +1,10 @@
 """Run untrusted generated code in a separate, confined process: never in the evaluator's own.
 
 The default ("bwrap") runs each program with bubblewrap (Debian package `bubblewrap`):
-- new PID, mount, network, IPC, UTS and cgroup namespaces, and a new user namespace unless the
-  evaluator is root; the program runs as uid 65534 (nobody), outside as well as inside: as root,
-  bwrap keeps only the capabilities to change user and setpriv drops to nobody (uid 0 would not be
-  bound by RLIMIT_NPROC, and owns most files);
-- no capabilities (none in the bounding set either) and `no_new_privs`;
+- new user, PID, mount, network, IPC, UTS and cgroup namespaces; the program is uid 65534
+  (nobody) inside, and outside too when the evaluator is root (see bwrap_command: as root, uid 0
+  outside would not be bound by RLIMIT_NPROC, and owns most files);
+- no capabilities (none in the bounding set either), `no_new_privs`, no nested user namespaces;
 - a filesystem of its own: /usr (and the /bin, /lib links into it) and the Python installation
   read-only, fresh /proc, /dev and /tmp, and its temporary folder, the only writable host path.
   Nothing else of the host is there: no /home, no /run, no Unix sockets of the host;
@@ -108,14 +107,19 @@ def interpreter() -> tuple[str, str]:
 def bwrap_command(folder: str, prefix: str, status_fd: int, as_root: bool) -> list[str]:
     """The bwrap arguments up to the program: namespaces, the read-only system, the writable folder.
 
-    As root, bwrap needs no user namespace but would leave the program uid 0 outside (RLIMIT_NPROC
-    does not bind uid 0, and root owns most files): it keeps only CAP_SETUID/SETGID, and setpriv
-    becomes nobody, with no capabilities left. Otherwise the user namespace maps the caller's uid.
+    Not root: one bwrap, whose user namespace maps the caller's uid to 65534 inside.
+    As root, a user namespace made by root would map the program to uid 0 outside (RLIMIT_NPROC does
+    not bind uid 0, and root owns most files). So two steps: an outer bwrap builds the namespaces and
+    the filesystem as root, keeping only the capabilities to change user; setpriv becomes nobody
+    (uid 65534 outside too) with no capabilities left; an inner bwrap, run by nobody, adds the user
+    namespace (65534 inside maps to 65534 outside) and forbids nested ones (--disable-userns).
     """
-    command = [shutil.which("bwrap") or "bwrap"]
+    bwrap = shutil.which("bwrap") or "bwrap"
+    uid = str(SANDBOX_UID)
+    user_namespace = ["--unshare-user", "--disable-userns", "--uid", uid, "--gid", uid]
+    command = [bwrap]
     if not as_root:
-        uid = str(SANDBOX_UID)
-        command += ["--unshare-user", "--disable-userns", "--uid", uid, "--gid", uid]
+        command += user_namespace
     command += [
         "--unshare-pid",
         "--unshare-net",
@@ -148,7 +152,8 @@ def bwrap_command(folder: str, prefix: str, status_fd: int, as_root: bool) -> li
         command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP", "--"]
         command += [shutil.which("setpriv") or "/usr/bin/setpriv", f"--reuid={SANDBOX_UID}"]
         command += [f"--regid={SANDBOX_UID}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
-        command += ["--no-new-privs"]
+        command += ["--no-new-privs", "--", bwrap, *user_namespace, "--bind", "/", "/", "--die-with-parent"]
+        command += ["--chdir", folder]
     command += ["--"]
     return command
 

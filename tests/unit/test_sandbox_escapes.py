@@ -57,6 +57,19 @@ def test_runs_as_nobody_without_capabilities_or_new_privileges():
     assert int(pid) < 10  # its own PID namespace
 
 
+def test_lives_in_a_user_namespace_that_maps_nobody_to_nobody_and_cannot_nest_one():
+    result = run("""
+        import ctypes, os, sys
+        print(" ".join(open("/proc/self/uid_map").read().split()))
+        CLONE_NEWUSER = 0x10000000
+        libc = ctypes.CDLL(None, use_errno=True)
+        sys.exit(0 if libc.unshare(CLONE_NEWUSER) == 0 else 1)
+    """)
+    assert not result.passed, "a nested user namespace was created"
+    outside = SANDBOX_UID if os.geteuid() == 0 else os.geteuid()  # never uid 0 outside
+    assert result.output_tail.split("\n")[0] == f"{SANDBOX_UID} {outside} 1"
+
+
 def test_cannot_write_outside_its_folder(tmp_path):
     os.chmod(tmp_path, 0o777)  # even a folder anyone may write to
     name = f"escaped-{uuid.uuid4().hex}.txt"
