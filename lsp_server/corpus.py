@@ -4,13 +4,23 @@ Edits only record the latest text (the event-loop thread); the model worker toke
 just before it generates, so a burst of keystrokes costs one tokenisation, not one per keystroke.
 The corpus holds at most `max_tokens` tokens: closed documents leave at once, and when the budget
 is exceeded the least recently edited documents go first.
+
+Tokenising happens before *any* client's completion, so a client that keeps editing a large
+document would make every other client wait for it (1 MB: seconds per request). A document already
+in the corpus is therefore re-read only once its edits have paused for `quiet_s`; until then the
+corpus keeps its older text, which only makes n-gram drafts a little less apt (verification keeps
+completions exact). New documents and closes are taken at once.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
+
+QUIET_S = 2.0  # an indexed document is re-read once its edits have paused this long
 
 
 class CorpusEngine(Protocol):
@@ -22,10 +32,15 @@ class CorpusEngine(Protocol):
 
 
 class CorpusFeed:
-    def __init__(self, max_tokens: int) -> None:
+    def __init__(
+        self, max_tokens: int, quiet_s: float = QUIET_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.max_tokens = max_tokens
+        self.quiet_s = quiet_s
+        self._clock = clock
         self._lock = threading.Lock()
-        self._pending: dict[str, str | None] = {}  # doc_id -> latest text, or None to remove
+        # doc_id -> (latest text, or None to remove; when it was recorded)
+        self._pending: dict[str, tuple[str | None, float]] = {}
         self._indexed: OrderedDict[str, int] = OrderedDict()  # doc_id -> tokens, least recent first
 
     @property
@@ -40,20 +55,27 @@ class CorpusFeed:
         """Record a document's latest text (any thread)."""
         with self._lock:
             self._pending.pop(doc_id, None)
-            self._pending[doc_id] = text
+            self._pending[doc_id] = (text, self._clock())
 
     def remove(self, doc_id: str) -> None:
         with self._lock:
             self._pending.pop(doc_id, None)
-            self._pending[doc_id] = None
+            self._pending[doc_id] = (None, self._clock())
 
     def sync(self, engine: CorpusEngine, set_tokens) -> None:
         """Apply recorded changes to the engine (model worker thread only).
 
         set_tokens(doc_id, tokens) stores a tokenised document in the engine's corpus.
         """
+        now = self._clock()
         with self._lock:
-            pending, self._pending = self._pending, {}
+            pending = {
+                doc_id: text
+                for doc_id, (text, recorded) in self._pending.items()
+                if text is None or doc_id not in self._indexed or now - recorded >= self.quiet_s
+            }
+            for doc_id in pending:
+                del self._pending[doc_id]
         for doc_id, text in pending.items():
             self._indexed.pop(doc_id, None)
             if text is None:

@@ -9,7 +9,11 @@ document is an error.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+
+# TextChange and index_of_units live in edits.py (the lower layer); callers may import them from here
+from lsp_server.edits import TextChange, edit_lines, index_of_units, split_lines
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")  # two UTF-16 code units each
@@ -41,14 +45,6 @@ class CursorContext:
     prefix: str  # everything before the cursor
     suffix: str  # everything after it
     line_prefix: str  # the cursor's line up to the cursor
-
-
-@dataclass(frozen=True, slots=True)
-class TextChange:
-    """One content change: a range ((line, character) start and end), or with range None the whole text."""
-
-    text: str
-    range: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 # -- pure functions -------------------------------------------------------------------------------
@@ -96,25 +92,6 @@ def line_end(text: str, starts: list[int], line: int) -> int:
     elif text[end - 1] == "\r":
         end -= 1
     return end
-
-
-def index_of_units(line: str, units: int, encoding: str) -> int:
-    """Index in `line` of the character `units` code units from its start (clamped to the line's end).
-
-    >>> index_of_units("a\U0001f600b", 3, "utf-16"), index_of_units("a\U0001f600b", 2, "utf-32")
-    (2, 2)
-    """
-    if units >= len(line) * (4 if encoding == "utf-8" else 2):
-        return len(line)
-    if encoding == "utf-32" or (encoding == "utf-16" and not _ASTRAL.search(line)):
-        return min(units, len(line))
-    counted = 0
-    for index, char in enumerate(line):
-        width = len(char.encode("utf-8")) if encoding == "utf-8" else (2 if ord(char) > 0xFFFF else 1)
-        if counted + width > units:
-            return index
-        counted += width
-    return len(line)
 
 
 def units_of(text: str, encoding: str) -> int:
@@ -179,15 +156,38 @@ def refusal(uri: str, text: str, size: int, max_bytes: int) -> str | None:
 # -- one client's open documents ------------------------------------------------------------------
 
 
-class DocumentStore:
-    """The open documents of one client. Refused documents keep only the reason, not their text."""
+@dataclass(frozen=True, slots=True)
+class DocumentLimits:
+    """What one client may hold; a message over a limit is refused (and the refusal counted)."""
 
-    def __init__(self, max_document_bytes: int, max_total_bytes: int, encoding: str = "utf-16") -> None:
-        self.max_document_bytes = max_document_bytes
-        self.max_total_bytes = max_total_bytes
+    max_document_bytes: int  # one document's text
+    max_total_bytes: int  # all its documents: text, URIs and the refusals kept for refused ones
+    max_documents: int = 1000  # open documents, refused ones included
+    max_changes: int = 1000  # content changes in one didChange
+
+
+class DocumentStore:
+    """The open documents of one client. Refused documents keep only the reason, not their text.
+
+    `on_limit(name)` is called whenever a limit refuses something ("document_bytes", "total_bytes",
+    "documents", "changes"); the session counts these.
+    """
+
+    def __init__(
+        self,
+        limits: DocumentLimits,
+        encoding: str = "utf-16",
+        on_limit: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        self.limits = limits
         self.encoding = encoding
+        self._on_limit = on_limit
         self._open: dict[str, OpenDocument] = {}
         self._refused: dict[str, tuple[str, str]] = {}  # uri -> (reason, language id)
+        self.total_bytes = 0  # kept as documents come and go: never re-summed
+        # The lines of the document changed last (one: typing happens in one document at a time),
+        # so the next didChange there skips splitting the whole text again.
+        self._lines: tuple[str, list[str]] | None = None
 
     def __contains__(self, uri: str) -> bool:
         return uri in self._open or uri in self._refused
@@ -202,10 +202,6 @@ class DocumentStore:
     def uris(self) -> list[str]:
         return [*self._open, *self._refused]
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(d.size for d in self._open.values())
-
     def open(self, uri: str, text: str, version: int, language_id: str) -> str | None:
         """Add a document; returns why it was refused, or None."""
         self.close(uri)
@@ -213,24 +209,47 @@ class DocumentStore:
 
     def change(self, uri: str, version: int, changes: list[TextChange]) -> str | None:
         """Apply content changes in order; returns why the document is now refused, or None."""
+        if len(changes) > self.limits.max_changes:
+            language_id = self._open[uri].language_id if uri in self._open else ""
+            self.close(uri)
+            self._on_limit("changes")
+            return self.refuse(
+                uri,
+                f"{uri}: one didChange carried {len(changes)} changes, over the limit of "
+                f"{self.limits.max_changes}: no completions in it until its whole text is sent",
+                language_id,
+            )
         if uri in self._refused:
             whole = [c for c in changes if c.range is None]
             if whole:  # a full replacement lets a refused document back in
-                _, language_id = self._refused.pop(uri)
+                _, language_id = self._refused[uri]
+                self.close(uri)
                 return self._store(uri, clean_text(whole[-1].text), version, language_id)
             return None
         doc = self._open.get(uri)
         if doc is None:
             raise DocumentError(f"{uri} is not open: didChange before didOpen")
-        text = doc.text
-        for change in changes:
-            text = apply_change(text, TextChange(clean_text(change.text), change.range), self.encoding)
-        del self._open[uri]
-        return self._store(uri, text, version, doc.language_id)
+        cleaned = [TextChange(clean_text(c.text), c.range) for c in changes]
+        cached = self._lines is not None and self._lines[0] == uri
+        try:
+            lines = edit_lines(self._lines[1] if cached else split_lines(doc.text), cleaned, self.encoding)
+        except BaseException:
+            self._lines = None  # edited in place, part way: no longer the document's lines
+            raise
+        self.close(uri)
+        refused = self._store(uri, "".join(lines), version, doc.language_id)
+        self._lines = (uri, lines) if refused is None else None
+        return refused
 
     def close(self, uri: str) -> None:
-        self._open.pop(uri, None)
-        self._refused.pop(uri, None)
+        if self._lines is not None and self._lines[0] == uri:
+            self._lines = None
+        doc = self._open.pop(uri, None)
+        if doc is not None:
+            self.total_bytes -= _held(uri, doc.size)
+        refused = self._refused.pop(uri, None)
+        if refused is not None:
+            self.total_bytes -= _held(uri, len(refused[0]))
 
     def get(self, uri: str) -> OpenDocument:
         doc = self._open.get(uri)
@@ -242,16 +261,41 @@ class DocumentStore:
             f"{uri} is not open: send textDocument/didOpen first (the server uses only the text clients send)"
         )
 
+    def refuse(self, uri: str, reason: str, language_id: str = "") -> str:
+        """Keep `reason` as the answer for `uri` (when it fits: a flood of refusals must not grow
+        without bound either); returns the reason."""
+        self.close(uri)
+        cost = _held(uri, len(reason))
+        if len(self) + len(self._refused) < self.limits.max_documents:
+            if self.total_bytes + cost <= self.limits.max_total_bytes:
+                self._refused[uri] = (reason, language_id)
+                self.total_bytes += cost
+        return reason
+
     def _store(self, uri: str, text: str, version: int, language_id: str) -> str | None:
         size = utf8_size(text)
-        reason = refusal(uri, text, size, self.max_document_bytes)
-        if reason is None and self.total_bytes + size > self.max_total_bytes:
+        reason = refusal(uri, text, size, self.limits.max_document_bytes)
+        if reason is not None and size > self.limits.max_document_bytes:
+            self._on_limit("document_bytes")
+        if reason is None and len(self._open) + len(self._refused) >= self.limits.max_documents:
+            self._on_limit("documents")
+            return (  # not kept at all: keeping the refusal would itself take a slot
+                f"{uri} was not opened: this client has {self.limits.max_documents} documents open "
+                "(the limit); close some documents"
+            )
+        if reason is None and self.total_bytes + _held(uri, size) > self.limits.max_total_bytes:
+            self._on_limit("total_bytes")
             reason = (
                 f"{uri} does not fit: this client's open documents would exceed "
-                f"{self.max_total_bytes / 1e6:.0f} MB; close some documents"
+                f"{self.limits.max_total_bytes / 1e6:.0f} MB; close some documents"
             )
         if reason is not None:
-            self._refused[uri] = (reason, language_id)
-            return reason
+            return self.refuse(uri, reason, language_id)
         self._open[uri] = OpenDocument(uri, text, version, language_id, size)
+        self.total_bytes += _held(uri, size)
         return None
+
+
+def _held(uri: str, size: int) -> int:
+    """Bytes one entry holds against the client's total: its text (or refusal) and its URI."""
+    return size + utf8_size(uri)

@@ -4,6 +4,8 @@ pygls drops messages it cannot parse or validate without a reply, reads a file f
 edit names an unknown document, exits the process on `exit` and ignores requests after `shutdown`.
 `handle_raw` checks each message itself and answers a bad request with a JSON-RPC error; the
 builtin document handlers below bypass pygls's workspace (the session keeps the documents).
+Notebook documents are not served: pygls would keep their cells in its workspace, outside every
+per-client limit. Positions must be integers: cattrs would take 1.5 or true for 1.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR =
     -32603,
 )
 SERVER_NOT_INITIALIZED = -32002
+NOTEBOOK_PREFIX = "notebookDocument/"
+UINTEGER_MAX = 2**31 - 1
 
 # The partialResultToken of the request being handled. lsprotocol's InlineCompletionParams has no
 # such field (LSP 3.18 gives inline completion none), so it is taken from the raw params.
@@ -63,6 +67,7 @@ class RequestCancelled(JsonRpcException):
 class SpecCompleteProtocol(LanguageServerProtocol):
     def __init__(self, server: LanguageServer, converter) -> None:
         super().__init__(server, converter)
+        converter.register_structure_hook(types.Position, _strict_position)
         self.initialized = False
         self.on_exit: Callable[[int], None] | None = None  # the transport closes the connection
 
@@ -169,6 +174,8 @@ class SpecCompleteProtocol(LanguageServerProtocol):
             logger.info("dropped a response from the client: %s", describe(error))
 
     def _knows(self, method: str) -> bool:
+        if method.startswith(NOTEBOOK_PREFIX):
+            return False
         return method in self.fm.features or method in self.fm.builtin_features
 
     # -- builtin handlers pygls would otherwise run ----------------------------------------------
@@ -228,6 +235,19 @@ def _is_notification(method: str) -> bool:
     """An LSP method that has no response type: a notification."""
     known = types.METHOD_TO_TYPES.get(method)
     return known is not None and known[1] is None
+
+
+def _strict_position(value: object, _type: type) -> types.Position:
+    """An LSP Position whose line and character are integers (uinteger: 0 to 2**31 - 1), nothing else."""
+    if not isinstance(value, dict):
+        raise ValueError(f"a position must be an object with line and character, not {value!r:.40}")
+    fields = (value.get("line"), value.get("character"))
+    for name, field in zip(("line", "character"), fields, strict=True):
+        if isinstance(field, bool) or not isinstance(field, int) or not 0 <= field <= UINTEGER_MAX:
+            raise ValueError(
+                f"position.{name} must be an integer from 0 to {UINTEGER_MAX}, not {field!r:.40}"
+            )
+    return types.Position(*fields)
 
 
 def _valid_id(value: object) -> bool:

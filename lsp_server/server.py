@@ -78,7 +78,7 @@ def build_server(session: ClientSession) -> SpecCompleteServer:
 
     @server.feature(STATS_METHOD)
     def stats(ls: SpecCompleteServer, params: object) -> dict:
-        return session.shared.stats()
+        return session.shared.stats(session)
 
     return server
 

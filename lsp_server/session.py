@@ -11,14 +11,17 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
+from completion_engine.types import Stats
 from lsp_server.corpus import CorpusFeed
 from lsp_server.documents import (
     CursorContext,
+    DocumentLimits,
     DocumentStore,
     TextChange,
     cursor_context,
@@ -26,7 +29,7 @@ from lsp_server.documents import (
     units_of,
 )
 from lsp_server.settings import CompletionSettings, InvalidOptions, ServerLimits, apply_options
-from lsp_server.stats import ServerCounters
+from lsp_server.stats import RecentRequests, ServerCounters
 from lsp_server.worker import CompletionInput, CompletionJob, CompletionOutcome, ModelWorker, WarmJob
 
 logger = logging.getLogger(__name__)
@@ -55,13 +58,20 @@ class SharedState:
     clients: itertools.count = field(default_factory=lambda: itertools.count(1))
     live_clients: set[int] = field(default_factory=set)
 
-    def stats(self) -> dict:
+    def stats(self, client: ClientSession) -> dict:
+        """Totals over all clients, and `client`'s own documents and requests: never another's."""
         extra = {
             "queued": self.worker.queued,
             "clients": len(self.live_clients),
             "corpus_documents": self.corpus.documents,
             "corpus_tokens": self.corpus.total_tokens,
             "model": self.model,
+            "recent": client.recent.snapshot(),
+            "client": {
+                "documents": len(client.documents.uris),
+                "bytes": client.documents.total_bytes,
+                "limits": dict(client.limits_hit),
+            },
         }
         return self.counters.snapshot(extra)
 
@@ -92,7 +102,16 @@ class ClientSession:
         self.shared = shared
         self.id = next(shared.clients)
         self.settings = shared.defaults
-        self.documents = DocumentStore(shared.limits.max_document_bytes, shared.limits.max_client_bytes)
+        limits = shared.limits
+        self.documents = DocumentStore(
+            DocumentLimits(
+                limits.max_document_bytes, limits.max_client_bytes, limits.max_documents, limits.max_changes
+            ),
+            on_limit=self._limit_hit,
+        )
+        self.limits_hit: dict[str, int] = {}  # refusals by limit, this client's
+        self.recent = RecentRequests()
+        self._told_full = False  # "too many documents" was told and no document closed since
         self._seeds = itertools.count()
         self._warm_timer: asyncio.TimerHandle | None = None
         shared.live_clients.add(self.id)
@@ -126,13 +145,22 @@ class ClientSession:
     # -- documents -------------------------------------------------------------------------------
 
     def open(self, uri: str, text: str, version: int, language_id: str) -> str | None:
-        """Returns why the document was refused, or None."""
+        """Returns why the document was refused, to tell the client, or None.
+
+        "Too many documents" is told once until a document closes: a client opening thousands
+        must not get thousands of messages back.
+        """
+        full_before = self.limits_hit.get("documents", 0)
         refused = self.documents.open(uri, text, version, language_id)
         self._feed(uri, refused)
         if refused is None:
             self._schedule_warm(
                 uri, None
             )  # no cursor yet: the whole file, whose prefixes later requests reuse
+        if refused and self.limits_hit.get("documents", 0) > full_before:
+            if self._told_full:
+                return None
+            self._told_full = True
         return refused
 
     def change(self, uri: str, version: int, changes: list[TextChange]) -> str | None:
@@ -144,9 +172,20 @@ class ClientSession:
         return refused if refused and not was_refused else None
 
     def close(self, uri: str) -> None:
+        self._told_full = False
         self.shared.worker.cancel(lambda job: job.key == (self.id, uri), "closed")
         self.documents.close(uri)
         self.shared.corpus.remove(self.doc_id(uri))
+
+    def refuse(self, uri: str, reason: str) -> None:
+        """The client's message for `uri` was dropped: answer completions there with `reason`."""
+        self.shared.worker.cancel(lambda job: job.key == (self.id, uri), "closed")
+        self.documents.refuse(uri, reason)
+        self.shared.corpus.remove(self.doc_id(uri))
+
+    def _limit_hit(self, name: str) -> None:
+        self.limits_hit[name] = self.limits_hit.get(name, 0) + 1
+        self.shared.counters.count_limit(name)
 
     def _feed(self, uri: str, refused: str | None) -> None:
         if refused is None:
@@ -209,9 +248,12 @@ class ClientSession:
                 asyncio.get_running_loop(), lambda text: on_text(Completion(text, cursor, clamped))
             )
         job = CompletionJob(client=self.id, input=request, on_text=reporter.offer if reporter else None)
+        job.result.add_done_callback(lambda done: self._remember(uri, done))
         self.shared.worker.submit(job)
         try:
-            outcome: CompletionOutcome = await asyncio.wrap_future(job.result)
+            # shielded: a client's cancel must not cancel job.result, whose outcome (with the stopped
+            # run's stats) still reaches _remember
+            outcome: CompletionOutcome = await asyncio.shield(asyncio.wrap_future(job.result))
         except asyncio.CancelledError:
             self.shared.worker.cancel(lambda queued: queued is job, "client")
             raise
@@ -222,6 +264,10 @@ class ClientSession:
         if reporter is not None:
             reporter.finish(outcome.text)
         return Completion(outcome.text, cursor, clamped)
+
+    def _remember(self, uri: str, done: Future) -> None:  # worker thread
+        if not done.cancelled() and done.exception() is None and done.result().stats != Stats():
+            self.recent.add(uri, done.result().stats)
 
 
 class _LatestText:

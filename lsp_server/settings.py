@@ -30,7 +30,9 @@ class ServerLimits:
 
     queue_size: int = 16  # completion requests waiting for the model worker, all clients together
     max_document_bytes: int = 2 * 1024 * 1024  # larger documents are refused (and the client told)
-    max_client_bytes: int = 64 * 1024 * 1024  # open documents of one client, all together
+    max_client_bytes: int = 64 * 1024 * 1024  # open documents of one client, all together, URIs included
+    max_documents: int = 1000  # documents one client may have open
+    max_changes: int = 1000  # content changes in one didChange
     corpus_tokens: int = 1_000_000  # tokens of open documents in the n-gram corpus; oldest go first
     max_clients: int = 32  # WebSocket connections at once
     max_message_bytes: int = 8 * 1024 * 1024  # one JSON-RPC message; larger ones are dropped unread

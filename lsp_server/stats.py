@@ -1,4 +1,8 @@
-"""The server's counters, as `specComplete/stats` returns them (the VS Code extension reads these names)."""
+"""The server's counters, as `specComplete/stats` returns them (the VS Code extension reads these names).
+
+Counters are totals over all clients; per-request details ("recent", with document URIs) are kept
+per client, so one client never sees another's documents.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass, field
 
 from completion_engine.types import Stats
 
-RECENT_REQUESTS = 32  # per-request stats kept for the stats request
+RECENT_REQUESTS = 32  # per-request stats kept for each client's stats request
 TTFT_SAMPLES = 1024
 
 
@@ -31,6 +35,7 @@ class _Totals:
     cancelled: int = 0
     busy: int = 0  # requests refused because the queue was full
     errors: int = 0
+    limits: dict[str, int] = field(default_factory=dict)  # refusals by a per-client limit, by limit
     tokens: int = 0
     target_forwards: int = 0
     prefill_tokens: int = 0
@@ -49,7 +54,6 @@ class ServerCounters:
         self._lock = threading.Lock()
         self._totals = _Totals()
         self._ttft: deque[float] = deque(maxlen=TTFT_SAMPLES)
-        self._recent: deque[dict] = deque(maxlen=RECENT_REQUESTS)
 
     def count(self, what: str) -> None:
         """Add one to "requests", "cancelled", "busy" or "errors"."""
@@ -62,8 +66,13 @@ class ServerCounters:
             self._totals.warmups_cancelled += int(cancelled)
             self._totals.warm_tokens += computed
 
+    def count_limit(self, name: str) -> None:
+        """A per-client limit refused something (see DocumentStore)."""
+        with self._lock:
+            self._totals.limits[name] = self._totals.limits.get(name, 0) + 1
+
     def record(self, stats: Stats, uri: str, cancelled: bool) -> None:
-        """Add one generation's engine stats."""
+        """Add one generation's engine stats (`uri` is not kept here: see RecentRequests)."""
         with self._lock:
             t = self._totals
             t.tokens += stats.tokens
@@ -75,7 +84,6 @@ class ServerCounters:
                 t.accepted[name] = t.accepted.get(name, 0) + source.accepted
             if stats.tokens and not cancelled:
                 self._ttft.append(stats.ttft_s)
-            self._recent.append({"uri": uri, **stats.as_dict()})
 
     def snapshot(self, extra: dict | None = None) -> dict:
         with self._lock:
@@ -90,6 +98,7 @@ class ServerCounters:
                 "cancelled": t.cancelled,
                 "busy": t.busy,
                 "errors": t.errors,
+                "limits": dict(t.limits),
                 "tokens": t.tokens,
                 "target_forwards": t.target_forwards,
                 "prefill_tokens": t.prefill_tokens,
@@ -100,9 +109,21 @@ class ServerCounters:
                 "ttft_p50_s": _round(percentile(ttft, 0.5)),
                 "ttft_p95_s": _round(percentile(ttft, 0.95)),
                 "tokens_per_s": round(t.tokens / t.generation_s, 2) if t.generation_s > 0 else None,
-                "recent": list(self._recent),
                 **(extra or {}),
             }
+
+
+class RecentRequests:
+    """One client's latest requests with their engine stats; written from the worker thread."""
+
+    def __init__(self, size: int = RECENT_REQUESTS) -> None:
+        self._entries: deque[dict] = deque(maxlen=size)  # deque.append is atomic: no lock needed
+
+    def add(self, uri: str, stats: Stats) -> None:
+        self._entries.append({"uri": uri, **stats.as_dict()})
+
+    def snapshot(self) -> list[dict]:
+        return list(self._entries)
 
 
 def _round(value: float | None) -> float | None:

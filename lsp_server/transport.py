@@ -19,52 +19,20 @@ from http import HTTPStatus
 from typing import BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
-from lsp_server.protocol import SpecCompleteServer
+from lsprotocol import types
+
+from lsp_server.framing import BadFrame, FrameReader
+from lsp_server.protocol import INVALID_REQUEST, PARSE_ERROR, SpecCompleteServer
 from lsp_server.server import build_server
 from lsp_server.session import ClientSession, SharedState
 
 logger = logging.getLogger(__name__)
 
-TOO_LARGE = b""  # read_framed's answer for a message that was skipped unread
 MAX_PENDING_SENDS = 4096  # messages queued to one slow WebSocket client before it is dropped
 STDIN_QUEUE = 64  # messages read ahead from stdin
 
 
 # -- stdio ----------------------------------------------------------------------------------------
-
-
-def read_framed(stream: BinaryIO, max_bytes: int) -> bytes | None:
-    """The next Content-Length framed body; None at end of input; TOO_LARGE when one was skipped.
-
-    A body over max_bytes is read and thrown away in pieces, so memory stays bounded and the
-    stream stays in step.
-    """
-    length: int | None = None
-    while True:
-        line = stream.readline(4096)
-        if not line:
-            return None
-        if line.strip():
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                try:
-                    length = int(value.strip())
-                except ValueError:
-                    length = None
-            continue
-        if length is None or length < 0:
-            continue  # a blank line without a usable length: wait for the next header block
-        break
-    if length > max_bytes:
-        remaining = length
-        while remaining > 0:
-            piece = stream.read(min(remaining, 1 << 20))
-            if not piece:
-                return None
-            remaining -= len(piece)
-        return TOO_LARGE
-    body = stream.read(length)
-    return body if len(body) == length else None
 
 
 class FdReader:
@@ -144,10 +112,10 @@ async def serve_stdio(shared: SharedState, stdin: BinaryIO, stdout: BinaryIO) ->
 
     session, server = _connect(shared, finish)
     server.protocol.set_writer(_StdoutWriter(stdout, lambda: finish(1)), include_headers=True)
-    inbox: asyncio.Queue[bytes | None] = asyncio.Queue(STDIN_QUEUE)
+    inbox: asyncio.Queue[bytes | BadFrame | None] = asyncio.Queue(STDIN_QUEUE)
     reader = threading.Thread(
         target=_read_stdin,
-        args=(stdin, shared.limits.max_message_bytes, inbox, loop),
+        args=(FrameReader(stdin, shared.limits.max_message_bytes), inbox, loop),
         name="stdin",
         daemon=True,
     )
@@ -155,8 +123,8 @@ async def serve_stdio(shared: SharedState, stdin: BinaryIO, stdout: BinaryIO) ->
 
     async def dispatch() -> None:
         while (body := await inbox.get()) is not None:
-            if body is TOO_LARGE:
-                logger.warning("skipped a message over %d bytes", shared.limits.max_message_bytes)
+            if isinstance(body, BadFrame):
+                answer_bad_frame(server, session, body)
             else:
                 server.protocol.handle_raw(body)
         finish(0 if server.protocol._shutdown else 1)
@@ -169,17 +137,37 @@ async def serve_stdio(shared: SharedState, stdin: BinaryIO, stdout: BinaryIO) ->
         session.disconnect()
 
 
-def _read_stdin(
-    stdin: BinaryIO, max_bytes: int, inbox: asyncio.Queue, loop: asyncio.AbstractEventLoop
-) -> None:
+def _read_stdin(frames: FrameReader, inbox: asyncio.Queue, loop: asyncio.AbstractEventLoop) -> None:
     while True:
-        body = read_framed(stdin, max_bytes)
+        body = frames.next()
         try:
             asyncio.run_coroutine_threadsafe(inbox.put(body), loop).result()
         except RuntimeError:  # the loop is gone
             return
         if body is None:
             return
+
+
+def answer_bad_frame(server: SpecCompleteServer, session: ClientSession, frame: BadFrame) -> None:
+    """Tell the client about a frame that was skipped: an error response to a request (with its id
+    when it could be read), a message for a notification; a dropped didOpen or didChange leaves its
+    document refused, so completions there say why instead of "not open"."""
+    logger.warning("%s", frame.reason)
+    if frame.msg_id is not None:
+        server.protocol.reply_error(
+            frame.msg_id, INVALID_REQUEST, f"{frame.method or 'request'}: {frame.reason}"
+        )
+        return
+    if frame.method is None:
+        server.protocol.reply_error(None, PARSE_ERROR, frame.reason)
+        return
+    dropped = f"{frame.method} was dropped: {frame.reason}"
+    if frame.uri is not None and frame.method in ("textDocument/didOpen", "textDocument/didChange"):
+        session.refuse(frame.uri, f"{frame.uri}: {dropped}")
+        dropped = f"{frame.uri}: {dropped}; no completions in it until it is opened again"
+    server.window_show_message(
+        types.ShowMessageParams(type=types.MessageType.Error, message=f"spec-complete: {dropped}")
+    )
 
 
 # -- WebSocket ------------------------------------------------------------------------------------
@@ -217,6 +205,26 @@ def token_matches(presented: str | None, expected: str) -> bool:
     return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
+EDITOR_ORIGINS = ("vscode-file://vscode-app",)  # VS Code's desktop app; its extension host sends none
+
+
+def origin_allowed(origin: str | None, allowed: tuple[str, ...] = ()) -> bool:
+    """May a handshake with this Origin header connect? Browsers always send one, and any web page
+    the user has open may try ws://127.0.0.1: only editors' origins and those passed with
+    --allow-origin get in. Editors and command-line clients send no Origin at all.
+
+    >>> origin_allowed(None), origin_allowed("vscode-file://vscode-app")
+    (True, True)
+    >>> origin_allowed("https://evil.example"), origin_allowed("null")
+    (False, False)
+    >>> origin_allowed("https://ide.example.com", ("https://ide.example.com",))
+    True
+    """
+    if origin is None:
+        return True
+    return origin.strip().rstrip("/").lower() in {o.rstrip("/").lower() for o in (*EDITOR_ORIGINS, *allowed)}
+
+
 def ws_url(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     return f"ws://{shown}:{port}"
@@ -227,6 +235,7 @@ class WsOptions:
     host: str
     port: int
     token: str | None  # required of every client when set
+    allowed_origins: tuple[str, ...] = ()  # browser origins let in besides editors' (--allow-origin)
 
 
 class _WsTextWriter:
@@ -270,13 +279,22 @@ async def serve_ws(shared: SharedState, options: WsOptions, announce: Callable[[
     from websockets.asyncio.server import serve
 
     def check(connection, request):
+        origin = request.headers.get("Origin")
+        if not origin_allowed(origin, options.allowed_origins):
+            logger.warning("refused a WebSocket handshake from origin %.100r", origin)
+            return connection.respond(
+                HTTPStatus.FORBIDDEN,
+                f"spec-complete: connections from the origin {origin[:100]!r} are refused: a web page may "
+                "not drive this server. Start it with --allow-origin ORIGIN to let that origin in\n",
+            )
         if options.token is not None:
             presented = presented_token(request.path, request.headers.get("Authorization"))
             if not token_matches(presented, options.token):
                 return connection.respond(
                     HTTPStatus.UNAUTHORIZED,
                     "spec-complete: this server needs a token: add ?token=T to the URL "
-                    "or send the header Authorization: Bearer T\n",
+                    "or send the header Authorization: Bearer T (when the server made up its own, it "
+                    "printed the URL with it at start: spec-complete: listening on ws://...?token=T)\n",
                 )
         if len(shared.live_clients) >= shared.limits.max_clients:
             return connection.respond(

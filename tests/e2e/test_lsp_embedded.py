@@ -6,12 +6,11 @@ Fetched and converted on first use (about a minute), then cached.
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 
 import pytest
 
-from lsp_server.client import LspClient
+from lsp_server.client import LspClient, announced_url
 
 pytestmark = [pytest.mark.embedded, pytest.mark.asyncio]
 
@@ -36,7 +35,8 @@ async def test_embedded_model_completes_python_over_websocket():
     )  # fmt: skip
     try:
         line = (await asyncio.wait_for(server.stdout.readline(), 600)).decode()
-        url = re.search(r"ws://127\.0\.0\.1:\d+", line).group(0)
+        url = announced_url(line)  # with the token generated for this run
+        assert url and url.startswith("ws://127.0.0.1:"), line
         client = await LspClient.websocket(url)
         try:
             await client.initialize()

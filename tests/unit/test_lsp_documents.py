@@ -4,6 +4,7 @@ import pytest
 
 from lsp_server.documents import (
     DocumentError,
+    DocumentLimits,
     DocumentStore,
     TextChange,
     apply_change,
@@ -65,7 +66,7 @@ def test_binary_detection():
 
 
 def test_store_refuses_huge_and_binary_documents_and_lets_a_full_replacement_back_in():
-    store = DocumentStore(max_document_bytes=100, max_total_bytes=1000)
+    store = DocumentStore(DocumentLimits(max_document_bytes=100, max_total_bytes=1000))
     assert "limit" in store.open("file:///big", "x" * 101, 1, "python")
     assert "binary" in store.open("file:///bin", "\x00", 1, "python")
     with pytest.raises(DocumentError) as refused:
@@ -77,13 +78,57 @@ def test_store_refuses_huge_and_binary_documents_and_lets_a_full_replacement_bac
 
 
 def test_store_bounds_one_clients_total():
-    store = DocumentStore(max_document_bytes=100, max_total_bytes=150)
+    limit_hits = []
+    store = DocumentStore(
+        DocumentLimits(max_document_bytes=100, max_total_bytes=150), on_limit=limit_hits.append
+    )
     assert store.open("file:///a", "a" * 100, 1, "python") is None
+    assert store.total_bytes == 100 + len("file:///a")  # the URI counts too
     assert "close some documents" in store.open("file:///b", "b" * 100, 1, "python")
+    assert limit_hits == ["total_bytes"]
+    store.close("file:///a")
+    store.close("file:///b")
+    assert store.total_bytes == 0
+
+
+def test_long_uris_count_against_the_total():
+    store = DocumentStore(DocumentLimits(max_document_bytes=100, max_total_bytes=10_000))
+    uris = [f"file:///{i}/" + "u" * 4000 for i in range(3)]
+    assert store.open(uris[0], "", 1, "python") is None
+    assert store.open(uris[1], "", 1, "python") is None
+    assert "close some documents" in store.open(uris[2], "", 1, "python")
+    assert store.total_bytes <= 10_000
+
+
+def test_the_number_of_documents_is_bounded_refusals_included():
+    limit_hits = []
+    store = DocumentStore(DocumentLimits(100, 10_000, max_documents=3), on_limit=limit_hits.append)
+    assert store.open("file:///a", "a", 1, "python") is None
+    assert "binary" in store.open("file:///b", "\x00", 1, "python")  # refused, but it holds a slot
+    assert store.open("file:///c", "c", 1, "python") is None
+    assert "3 documents open" in store.open("file:///d", "d", 1, "python")
+    assert "file:///d" not in store  # not even its refusal is kept
+    assert limit_hits == ["documents"]
+    store.close("file:///a")
+    assert store.open("file:///d", "d", 1, "python") is None
+
+
+def test_too_many_changes_in_one_message_refuse_the_document_until_it_is_sent_whole():
+    limit_hits = []
+    store = DocumentStore(DocumentLimits(100, 10_000, max_changes=2), on_limit=limit_hits.append)
+    store.open("file:///a", "abc", 1, "python")
+    edits = [TextChange("x", ((0, 0), (0, 0)))] * 3
+    assert "3 changes" in store.change("file:///a", 2, edits)
+    assert limit_hits == ["changes"]
+    with pytest.raises(DocumentError) as refused:
+        store.get("file:///a")
+    assert refused.value.refused
+    assert store.change("file:///a", 3, [TextChange("whole")]) is None
+    assert store.get("file:///a").text == "whole"
 
 
 def test_store_applies_changes_in_order_and_rejects_unknown_documents():
-    store = DocumentStore(1000, 1000)
+    store = DocumentStore(DocumentLimits(1000, 1000))
     store.open("file:///a", "abc", 1, "python")
     store.change("file:///a", 2, [TextChange("X", ((0, 1), (0, 1))), TextChange("Y", ((0, 0), (0, 1)))])
     assert store.get("file:///a").text == "YXbc"
@@ -94,6 +139,6 @@ def test_store_applies_changes_in_order_and_rejects_unknown_documents():
 
 
 def test_lone_surrogates_become_replacement_characters():
-    store = DocumentStore(1000, 1000)
+    store = DocumentStore(DocumentLimits(1000, 1000))
     store.open("file:///s", "a\ud800b", 1, "python")
     assert store.get("file:///s").text == "a\ufffdb"

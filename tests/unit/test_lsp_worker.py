@@ -229,3 +229,23 @@ def test_a_newer_warm_up_replaces_a_pending_one(worker):
     engine.steps.release()
     blocker.result.result(timeout=WAIT)
     assert engine.warming.get(timeout=WAIT) == [ord(c) for c in "new!"]
+
+
+def test_a_document_being_edited_is_re_read_only_once_its_edits_pause():
+    engine = FakeEngine()
+    now = [0.0]
+    feed = CorpusFeed(max_tokens=100, quiet_s=2.0, clock=lambda: now[0])
+    feed.update("big", "aaaa")
+    feed.sync(engine, engine.corpus.set_document)  # new: taken at once
+    assert len(engine.documents["big"]) == 4
+    for step in range(5):  # edits keep coming: every other client's sync skips the re-read
+        now[0] += 1.0
+        feed.update("big", "a" * (5 + step))
+        feed.sync(engine, engine.corpus.set_document)
+        assert len(engine.documents["big"]) == 4
+    now[0] += 2.0  # the edits paused
+    feed.sync(engine, engine.corpus.set_document)
+    assert len(engine.documents["big"]) == 9
+    feed.remove("big")  # a close is taken at once
+    feed.sync(engine, engine.corpus.set_document)
+    assert "big" not in engine.documents

@@ -44,15 +44,21 @@ export function isLoopbackHost(hostname: string): boolean {
   return host === 'localhost' || host === '::1' || /^127(\.\d{1,3}){3}$/.test(host);
 }
 
-/** A warning to show before connecting, or undefined when the pair looks usable. */
+/**
+ * A warning to show before connecting, or undefined when the pair looks usable. A token may
+ * come from the setting or from the URL itself (`spec-complete serve --ws` prints
+ * `ws://127.0.0.1:8765/?token=T`, ready to paste). A loopback server without a token is not
+ * warned about: it may have been started with --no-token, and if not, its refusal says how.
+ */
 export function remoteWarning(url: string, token: string): string | undefined {
-  let host: string;
+  let parsed: URL;
   try {
-    host = new URL(url).hostname;
+    parsed = new URL(url);
   } catch {
     return undefined; // buildWsUrl reports the malformed URL itself.
   }
-  if (!token && !isLoopbackHost(host)) {
+  const host = parsed.hostname;
+  if (!token && !parsed.searchParams.get('token') && !isLoopbackHost(host)) {
     return `spec-complete: ${host} is not a loopback address, and a remote server requires a token ` +
       '(setting specComplete.token).';
   }

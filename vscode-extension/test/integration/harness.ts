@@ -2,6 +2,7 @@
 // the way the extension does: vscode-jsonrpc over stdio, or over our WebSocket transport.
 
 import { ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { createServer } from 'node:net';
 import * as path from 'node:path';
@@ -98,10 +99,12 @@ export async function launch(server: ServerUnderTest, transport: Transport, toke
     return { connection, process: child, stderr, close: () => shutDown(connection, child) };
   }
   const port = await freePort();
-  const args = [...server.serveArgs, '--ws', '--host', '127.0.0.1', '--port', String(port)];
-  const child = spawn(server.command, token ? [...args, '--token', token] : args, { cwd: REPO_ROOT, stdio: 'pipe' });
+  // The real server makes up a token of its own when given none; the harness always chooses one.
+  const secret = token ?? `harness-${randomBytes(12).toString('hex')}`;
+  const args = [...server.serveArgs, '--ws', '--host', '127.0.0.1', '--port', String(port), '--token', secret];
+  const child = spawn(server.command, args, { cwd: REPO_ROOT, stdio: 'pipe' });
   const stderr = collect(child);
-  const transportReady = await retryConnect(`ws://127.0.0.1:${port}`, token ?? '', server.startupMs, child, stderr);
+  const transportReady = await retryConnect(`ws://127.0.0.1:${port}`, secret, server.startupMs, child, stderr);
   const connection = createProtocolConnection(transportReady.reader, transportReady.writer);
   connection.listen();
   return {

@@ -58,4 +58,9 @@ describe('remoteWarning', () => {
     assert.equal(remoteWarning('ws://127.0.0.1:8765', ''), undefined);
     assert.equal(remoteWarning('ws://gpu-box:8765', 't'), undefined);
   });
+
+  it('takes a token pasted in the URL, as the server prints it', () => {
+    assert.equal(remoteWarning('ws://gpu-box:8765/?token=abc', ''), undefined);
+    assert.equal(buildWsUrl('ws://127.0.0.1:8765/?token=abc', ''), 'ws://127.0.0.1:8765/?token=abc');
+  });
 });
