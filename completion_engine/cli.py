@@ -9,13 +9,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from completion_engine.drafters import DRAFT_METHODS, draft_problem
 from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
     engine_config,
     resolve_draft_defaults,
 )
-from completion_engine.types import DRAFT_METHODS
 
 
 class UsageError(Exception):
@@ -79,10 +79,9 @@ def run_complete(args: argparse.Namespace) -> int:
 
     resolve_draft_defaults(args)
     apply_threads_argument(args)
-    if args.draft not in DRAFT_METHODS:
-        raise UsageError(f"unknown draft method {args.draft!r}; choose one of {', '.join(DRAFT_METHODS)}")
-    if args.draft in ("model", "hybrid") and not args.draft_model:
-        raise UsageError(f"--draft {args.draft} needs --draft-model")
+    problem = draft_problem(args.draft, args.draft_model is not None)
+    if problem:
+        raise UsageError(problem)
     text = read_source(args.file)
     cursor = split_at(text, args.line, args.col)
     others = {path: read_source(path) for path in args.open}

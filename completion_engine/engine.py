@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from completion_engine.config import EngineConfig
-from completion_engine.drafting import DocumentCorpus, Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
+from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
 from completion_engine.kv import common_prefix_len
 from completion_engine.models import LoadedModel, check_compatible
 from completion_engine.runner import ROW_BUCKET, DecoderRunner
@@ -118,15 +119,12 @@ class CompletionEngine:
         self.corpus.remove_document(doc_id)
 
     def drafter_for(self, method: str) -> Drafter | None:
-        if method == "none":
-            return None
-        if method == "ngram":
-            return self._ngram
-        if self._model_drafter is None:
-            raise ValueError(f"draft method {method!r} needs a draft model (--draft-model)")
-        if method == "model":
-            return self._model_drafter
-        return HybridDrafter(self._ngram, self._model_drafter, self.config.hybrid_min_match)
+        """The registry's drafter for this method; ValueError for an unknown one or a missing draft model."""
+        spec = drafter_spec(method)
+        problem = draft_problem(method, self._model_drafter is not None)
+        if problem:
+            raise ValueError(problem)
+        return spec.factory(DrafterParts(self._ngram, self._model_drafter, self.config.hybrid_min_match))
 
     def stream(
         self, request: Request, cancel: threading.Event | None = None, stop_check: StopCheck | None = None

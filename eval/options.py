@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from completion_engine.config import EngineConfig
+from completion_engine.drafters import DRAFT_METHODS
 from completion_engine.options import add_engine_arguments as add_shared_engine_arguments
-from completion_engine.types import DRAFT_METHODS
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:

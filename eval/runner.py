@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from completion_engine.types import DRAFT_METHODS, Request
+from completion_engine.drafters import DRAFT_METHODS, DRAFTERS, NEEDS_DRAFT_MODEL, needs_draft_model
+from completion_engine.types import Request
 from eval.cases import Case
 from eval.metrics import decode_speedup, first_difference
 from eval.stopping import make_stopper
@@ -38,7 +39,7 @@ def plan_methods(requested: Sequence[str], has_draft_model: bool) -> tuple[tuple
     >>> plan_methods(["ngram", "model"], False)
     (('none', 'ngram'), {'model': 'needs a draft model (--draft-model)'})
     """
-    unknown = [m for m in requested if m not in DRAFT_METHODS]
+    unknown = [m for m in requested if m not in DRAFTERS]
     if unknown:
         raise ValueError(
             f"unknown draft method(s) {', '.join(unknown)}; choose from {', '.join(DRAFT_METHODS)}"
@@ -47,8 +48,8 @@ def plan_methods(requested: Sequence[str], has_draft_model: bool) -> tuple[tuple
     for method in requested:
         if method in methods:
             continue
-        if method in ("model", "hybrid") and not has_draft_model:
-            skipped[method] = "needs a draft model (--draft-model)"
+        if needs_draft_model(method) and not has_draft_model:
+            skipped[method] = NEEDS_DRAFT_MODEL
             continue
         methods.append(method)
     return tuple(methods), skipped

@@ -8,13 +8,13 @@ import logging
 import os
 import sys
 
+from completion_engine.drafters import DRAFT_METHODS, draft_problem
 from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
     engine_config,
     resolve_draft_defaults,
 )
-from completion_engine.types import DRAFT_METHODS
 from lsp_server.settings import MAX_NEW_TOKENS_CAP, CompletionSettings, ServerLimits
 
 DEFAULT_PORT = 8765
@@ -106,8 +106,9 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
     if not 0 <= args.port <= 65535:
         return f"--port must be 0..65535, not {args.port}"
     resolve_draft_defaults(args)
-    if args.draft in ("model", "hybrid") and not args.draft_model:
-        return f"--draft {args.draft} needs --draft-model"
+    problem = draft_problem(args.draft, args.draft_model is not None)
+    if problem:
+        return problem
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS_CAP:
         return f"--max-new-tokens must be 1..{MAX_NEW_TOKENS_CAP}"
     for name in ("queue_size", "max_document_kb", "corpus_tokens", "max_clients", "max_context", "threads"):

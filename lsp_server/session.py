@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
+from completion_engine.drafters import needs_draft_model
 from lsp_server.corpus import CorpusFeed
 from lsp_server.documents import CursorContext, DocumentStore, TextChange, cursor_context, units_of
 from lsp_server.settings import CompletionSettings, InvalidOptions, ServerLimits, apply_options
@@ -95,7 +96,7 @@ class ClientSession:
     def configure(self, options: object, position_encoding: str | None = None) -> None:
         """Apply initializationOptions (or a configuration change); raises InvalidOptions."""
         settings = apply_options(self.settings, options)
-        if settings.draft in ("model", "hybrid") and not self.shared.draft_model_loaded:
+        if needs_draft_model(settings.draft) and not self.shared.draft_model_loaded:
             raise InvalidOptions(
                 f"draft {settings.draft!r} needs a draft model; this server was started without --draft-model"
             )

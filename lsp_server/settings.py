@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from completion_engine.types import DRAFT_METHODS
+from completion_engine.drafters import DRAFT_METHODS
 
 MAX_NEW_TOKENS_CAP = 4096  # the engine's cache has room for about this many generated tokens
 
