@@ -1,91 +1,137 @@
-"""One completion at a cursor: prefix and suffix in, syntax-checked text and stats out."""
+"""The one path from a cursor to a completion, used by the CLI, the language server and eval.
+
+    cursor ──build_prompt──> Prompt (the exact token context) ──request_for──> Request
+           ──engine.stream + stop_policy──> streamed text ──finalize──> CompletionResult
+
+No torch import here (the language server imports this module): the engine is passed in.
+`build_prompt` is deterministic in (cursor, options, the engine's tokenizer), so calling it ahead of
+a request (to prefill its context) gives the very tokens the request will use.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from completion_engine.config import EngineConfig
-from completion_engine.engine import CompletionEngine
+from completion_engine.drafters import drafter_spec
+from completion_engine.prompt import prompt_window, stable_tail
+from completion_engine.stopping import stop_policy
 from completion_engine.types import Request, Stats
+
+if TYPE_CHECKING:
+    from completion_engine.engine import CompletionEngine
+
+CHARS_PER_CONTEXT_TOKEN = 6  # generous: code averages 3-4 characters per token
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOptions:
+    """How completions are made: the one options record of the CLI, the server and eval."""
+
+    draft: str = "ngram"  # a name in completion_engine.drafters.DRAFTERS
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int = 0
+    syntax: bool = True  # stop and trim with the syntax module (or the blank-line fallback)
+
+    def __post_init__(self) -> None:
+        drafter_spec(self.draft)  # ValueError for an unknown name: no silent fall-through
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """A document split at the cursor."""
+
+    prefix: str  # everything before the cursor
+    suffix: str = ""  # everything after it
+    path: str = ""  # for the language (and, later, the file's name in prompts)
+    language_id: str = ""  # the editor's language id, when it sent one
+
+    @property
+    def line_prefix(self) -> str:
+        return self.prefix[self.prefix.rfind("\n") + 1 :]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """What the model is asked to continue."""
+
+    context: list[int]  # the exact token ids of the request's context
 
 
 @dataclass(frozen=True, slots=True)
 class CompletionResult:
     text: str  # final text to insert
-    streamed: str  # what was streamed before the final checks
+    raw_text: str  # the generation as the stop check cut it, before the final clean-up
+    tokens: list[int]  # generated token ids
     stats: Stats
+    stopper: str = "none"  # which stop policy cut it: "syntax+scope" | "fallback" | "none"
+
+    @property
+    def cancelled(self) -> bool:
+        return self.stats.stop_reason == "cancelled"
 
 
-@dataclass(frozen=True, slots=True)
-class CompletionOptions:
-    max_new_tokens: int = 64
-    draft: str = "ngram"
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    syntax: bool = True  # stop and truncate with the syntax checker
+def build_prompt(engine: CompletionEngine, cursor: Cursor, options: CompletionOptions) -> Prompt:
+    """The cursor's prompt: the exact token context a request at this cursor will use.
+
+    The text window and the token tail start at block-aligned places that stay put while the user
+    types, so the engine's KV cache of the previous request stays reusable.
+    """
+    max_context = engine.config.max_context
+    window = prompt_window(cursor.prefix, max_context * CHARS_PER_CONTEXT_TOKEN)
+    return Prompt(context=stable_tail(engine.encode(window), max_context))
 
 
-def syntax_checker(prefix: str, suffix: str, language_id: str | None, path: str | None):
-    """The syntax module's checker for this cursor, or None when the module is absent."""
-    try:
-        from completion_engine.syntax import SyntaxChecker, detect_language
-    except ImportError:
-        return None
-    return SyntaxChecker(prefix, suffix, detect_language(language_id, path))
-
-
-def complete_at(
-    engine: CompletionEngine,
-    prefix: str,
-    suffix: str,
-    options: CompletionOptions,
-    path: str | None = None,
-    language_id: str | None = None,
-    cancel: threading.Event | None = None,
-    on_text: Callable[[str], None] | None = None,
-) -> CompletionResult:
-    checker = syntax_checker(prefix, suffix, language_id, path) if options.syntax else None
-    request = Request(
-        context=engine.encode(prefix),
+def request_for(prompt: Prompt, options: CompletionOptions) -> Request:
+    return Request(
+        context=prompt.context,
         max_new_tokens=options.max_new_tokens,
         temperature=options.temperature,
         top_p=options.top_p,
         seed=options.seed,
         draft=options.draft,
     )
-    generation = engine.stream(request, cancel=cancel, stop_check=checker.stop_at if checker else None)
-    streamed = ""
+
+
+def complete(
+    engine: CompletionEngine,
+    cursor: Cursor,
+    options: CompletionOptions,
+    cancel: threading.Event | None = None,
+    on_text: Callable[[str], None] | None = None,
+    prompt: Prompt | None = None,
+) -> CompletionResult:
+    """Complete at the cursor. on_text receives the visible completion so far (the whole text)."""
+    prompt = prompt or build_prompt(engine, cursor, options)
+    policy = stop_policy(cursor.prefix, cursor.suffix, cursor.language_id, cursor.path, options.syntax)
+    generation = engine.stream(request_for(prompt, options), cancel=cancel, stop_check=policy.stop_at)
     for chunk in generation:
-        streamed += chunk.text
         if on_text is not None and chunk.text:
-            on_text(chunk.text)
-    text = checker.finalize(generation.text) if checker else generation.text
-    return CompletionResult(text=text, streamed=streamed, stats=generation.stats)
+            on_text(policy.visible(generation.text))
+    raw = generation.text
+    cancelled = generation.stats.stop_reason == "cancelled"
+    text = raw if cancelled else policy.finalize(raw)
+    return CompletionResult(text, raw, list(generation.tokens), generation.stats, policy.source)
 
 
 def complete_file(
-    config: EngineConfig,
-    args,
-    path: str,
-    text: str,
-    cursor,
+    config,
+    options: CompletionOptions,
+    cursor: Cursor,
     open_files: dict[str, str],
     on_text: Callable[[str], None] | None,
 ) -> CompletionResult:
     """The CLI's path: load the engine, open the documents, complete at the cursor."""
+    from completion_engine.engine import CompletionEngine
+
     engine = CompletionEngine.from_config(config)
-    engine.set_document(path, text)
+    engine.set_document(cursor.path, cursor.prefix + cursor.suffix)
     for other_path, other_text in open_files.items():
         engine.set_document(other_path, other_text)
-    options = CompletionOptions(
-        max_new_tokens=args.max_new_tokens,
-        draft=args.draft,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        syntax=not args.no_syntax,
-    )
-    return complete_at(engine, cursor.prefix, cursor.suffix, options, path=path, on_text=on_text)
+    return complete(engine, cursor, options, on_text=on_text)

@@ -21,6 +21,7 @@ from eval.options import (
     build_engine,
     build_peers,
     command_line,
+    eval_options,
     requested_methods,
     run_meta,
     say,
@@ -109,7 +110,7 @@ def run_configuration(
     """Run the cases in one mode x dtype (in its own subfolder); return the summary."""
     from eval.repo_completion import score_repo
     from eval.report import summarize, write_report
-    from eval.runner import CaseRunner, RunSettings
+    from eval.runner import CaseRunner
     from eval.suite import prepare_folder, run_cases
 
     exact, dtype = configuration
@@ -121,7 +122,7 @@ def run_configuration(
     prepare_folder(folder / name, meta, args.resume)
     engine = build_engine(config, not args.quiet)
     peers = build_peers(config, not args.quiet, names=("hf_plain",)) if with_peers else None
-    runner = CaseRunner(engine, RunSettings(methods, args.max_new_tokens, args.repeats), score_repo, peers)
+    runner = CaseRunner(engine, eval_options(args), methods, score_repo, peers, args.repeats)
     rows = run_cases(cases, runner, folder / name, args.resume, not args.quiet, desc=name)
     write_report(folder / name, rows, meta, plots=main and not args.no_plots)
     del engine, peers, runner

@@ -19,6 +19,7 @@ from eval.options import (
     add_engine_arguments,
     build_engine,
     build_peers,
+    eval_options,
     requested_methods,
     run_meta,
     say,
@@ -85,7 +86,7 @@ def _guarded(name: str, run, args: argparse.Namespace) -> int:
 
 def _run_eval(args: argparse.Namespace) -> int:
     from eval.report import write_report
-    from eval.runner import CaseRunner, RunSettings, plan_methods
+    from eval.runner import CaseRunner, plan_methods
     from eval.suite import out_folder, prepare_folder, run_cases
 
     set_threads(args)
@@ -102,7 +103,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     say(f"{len(cases)} cases, methods {', '.join(methods)}; results in {folder}")
     engine = build_engine(config, progress)
     peers = None if args.no_peers else build_peers(config, progress)
-    runner = CaseRunner(engine, RunSettings(methods, args.max_new_tokens, args.repeats), score, peers)
+    runner = CaseRunner(engine, eval_options(args), methods, score, peers, args.repeats)
     rows = run_cases(cases, runner, folder, args.resume, progress, desc=args.suite)
     text = write_report(folder, rows, meta, plots=not args.no_plots)
     print(text)

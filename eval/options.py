@@ -46,6 +46,13 @@ def requested_methods(args: argparse.Namespace) -> list[str]:
     return [m.strip() for value in args.draft for m in value.split(",") if m.strip()]
 
 
+def eval_options(args: argparse.Namespace):
+    """The completion options every method of a run shares (the draft method varies per method)."""
+    from completion_engine.completion import CompletionOptions
+
+    return CompletionOptions(draft="none", max_new_tokens=args.max_new_tokens)
+
+
 def build_engine(config: EngineConfig, progress: bool):
     from completion_engine.engine import CompletionEngine
 
@@ -89,7 +96,7 @@ def run_meta(
     peers: bool,
 ) -> dict:
     """What a run's results depend on (a resume must match it) and the machine it ran on."""
-    from eval.stopping import stopper_description
+    from completion_engine.stopping import policy_description
     from eval.suite import machine_meta
 
     return {
@@ -105,7 +112,7 @@ def run_meta(
         "max_draft": config.max_draft,
         "max_context": config.max_context,
         "peers": peers,
-        "stopper": stopper_description(),
+        "stopper": policy_description(),
         "notes": notes,
         "seed": getattr(args, "seed", None) if root is not None else None,
         "root": str(Path(root).resolve()) if root is not None else None,

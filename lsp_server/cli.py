@@ -15,7 +15,7 @@ from completion_engine.options import (
     engine_config,
     resolve_draft_defaults,
 )
-from lsp_server.settings import MAX_NEW_TOKENS_CAP, CompletionSettings, ServerLimits
+from lsp_server.settings import MAX_NEW_TOKENS_CAP, ServerLimits
 
 DEFAULT_PORT = 8765
 TOKEN_ENV = "SPEC_COMPLETE_TOKEN"
@@ -171,6 +171,7 @@ def _run_ws(shared, args: argparse.Namespace) -> int:
 
 def _start_shared(args: argparse.Namespace):
     """Load the engine and start the model worker (the slow part: imports torch, loads weights)."""
+    from completion_engine.completion import CompletionOptions
     from completion_engine.engine import CompletionEngine
     from lsp_server.corpus import CorpusFeed
     from lsp_server.session import SharedState
@@ -184,7 +185,7 @@ def _start_shared(args: argparse.Namespace):
         corpus_tokens=args.corpus_tokens,
         max_clients=args.max_clients,
     )
-    defaults = CompletionSettings(
+    defaults = CompletionOptions(
         draft=args.draft,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
+from completion_engine.completion import CompletionOptions
 from completion_engine.drafters import needs_draft_model
 from lsp_server.corpus import CorpusFeed
 from lsp_server.documents import CursorContext, DocumentStore, TextChange, cursor_context, units_of
-from lsp_server.settings import CompletionSettings, InvalidOptions, ServerLimits, apply_options
+from lsp_server.settings import InvalidOptions, ServerLimits, apply_options
 from lsp_server.stats import ServerCounters
 from lsp_server.worker import CompletionInput, CompletionJob, CompletionOutcome, ModelWorker
 
@@ -41,7 +42,7 @@ class SharedState:
     corpus: CorpusFeed
     counters: ServerCounters
     limits: ServerLimits
-    defaults: CompletionSettings
+    defaults: CompletionOptions
     model: dict  # target, draft model, device: reported by specComplete/stats
     draft_model_loaded: bool
     clients: itertools.count = field(default_factory=lambda: itertools.count(1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from completion_engine.completion import CompletionOptions
 from completion_engine.drafters import DRAFT_METHODS
 
 MAX_NEW_TOKENS_CAP = 4096  # the engine's cache has room for about this many generated tokens
@@ -12,16 +13,6 @@ MAX_NEW_TOKENS_CAP = 4096  # the engine's cache has room for about this many gen
 
 class InvalidOptions(ValueError):
     """A client's options could not be used; the message names the key and what it accepts."""
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionSettings:
-    """How one client's completions are generated (initializationOptions may override each field)."""
-
-    draft: str = "ngram"  # one of DRAFT_METHODS
-    max_new_tokens: int = 64
-    temperature: float = 0.0  # 0: greedy
-    syntax: bool = True  # stop and trim completions with the syntax module (or the blank-line fallback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +27,7 @@ class ServerLimits:
     max_message_bytes: int = 8 * 1024 * 1024  # one JSON-RPC message; larger ones are dropped unread
 
 
-# initializationOptions key -> CompletionSettings field
+# initializationOptions key -> CompletionOptions field (the engine's one options record)
 OPTION_FIELDS = {
     "draft": "draft",
     "maxNewTokens": "max_new_tokens",
@@ -45,10 +36,10 @@ OPTION_FIELDS = {
 }
 
 
-def apply_options(base: CompletionSettings, options: object) -> CompletionSettings:
-    """The settings with a client's options applied; unknown keys are ignored, bad values raise.
+def apply_options(base: CompletionOptions, options: object) -> CompletionOptions:
+    """The options with a client's options applied; unknown keys are ignored, bad values raise.
 
-    >>> apply_options(CompletionSettings(), {"maxNewTokens": 16, "syntax": False}).max_new_tokens
+    >>> apply_options(CompletionOptions(), {"maxNewTokens": 16, "syntax": False}).max_new_tokens
     16
     """
     if options is None:

@@ -12,20 +12,16 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from completion_engine.types import Request, Stats
+from completion_engine.completion import CompletionOptions, Cursor, complete
+from completion_engine.types import Stats
 from lsp_server.corpus import CorpusFeed
 from lsp_server.documents import CursorContext
 from lsp_server.fair_queue import FairQueue, QueueFull
-from lsp_server.prompt import prompt_window, stable_tail
-from lsp_server.settings import CompletionSettings
 from lsp_server.stats import ServerCounters
-from lsp_server.stopping import shaper_for
 
 logger = logging.getLogger(__name__)
-
-CHARS_PER_CONTEXT_TOKEN = 6  # generous: code averages 3-4 characters per token
 
 
 class ServerBusy(Exception):
@@ -40,7 +36,7 @@ class CompletionInput:
     cursor: CursorContext
     language_id: str
     path: str
-    settings: CompletionSettings
+    settings: CompletionOptions
     seed: int = 0
 
 
@@ -159,27 +155,15 @@ class ModelWorker:
         engine = self.engine
         self.corpus.sync(engine, engine.corpus.set_document)
         request_input = job.input
-        settings = request_input.settings
-        max_context = engine.config.max_context
-        prompt = prompt_window(request_input.cursor.prefix, max_context * CHARS_PER_CONTEXT_TOKEN)
-        context = stable_tail(engine.encode(prompt), max_context)
-        shaper = shaper_for(
-            request_input.cursor, request_input.language_id, request_input.path, settings.syntax
+        result = complete(
+            engine,
+            completion_cursor(request_input),
+            replace(request_input.settings, seed=request_input.seed),
+            cancel=job.cancel,
+            on_text=job.on_text,
         )
-        request = Request(
-            context=context,
-            max_new_tokens=settings.max_new_tokens,
-            temperature=settings.temperature,
-            seed=request_input.seed,
-            draft=settings.draft,
-        )
-        generation = engine.stream(request, cancel=job.cancel, stop_check=shaper.stop_at)
-        for chunk in generation:
-            if job.on_text is not None and chunk.text:
-                job.on_text(shaper.visible(generation.text))
-        cancelled = generation.stats.stop_reason == "cancelled"
-        self.counters.record(generation.stats, request_input.uri, cancelled)
-        stats = generation.stats
+        stats = result.stats
+        self.counters.record(stats, request_input.uri, result.cancelled)
         logger.info(
             "%s: %d tokens, prefill %d, ttft %.3fs, %.3fs, %s%s",
             request_input.uri,
@@ -188,16 +172,22 @@ class ModelWorker:
             stats.ttft_s,
             stats.wall_s,
             stats.stop_reason,
-            f" ({job.reason})" if cancelled else "",
+            f" ({job.reason})" if result.cancelled else "",
         )
-        if cancelled:
+        if result.cancelled:
             self.counters.count("cancelled")
-            return CompletionOutcome(generation.text, generation.stats, cancelled=True, reason=job.reason)
-        return CompletionOutcome(shaper.finalize(generation.text), generation.stats)
+            return CompletionOutcome(result.raw_text, stats, cancelled=True, reason=job.reason)
+        return CompletionOutcome(result.text, stats)
 
     def _finish_cancelled(self, job: CompletionJob) -> None:
         self.counters.count("cancelled")
         _resolve(job, CompletionOutcome("", Stats(), cancelled=True, reason=job.reason))
+
+
+def completion_cursor(request_input: CompletionInput) -> Cursor:
+    """The engine's cursor for a request: what `build_prompt` turns into the exact token context."""
+    cursor = request_input.cursor
+    return Cursor(cursor.prefix, cursor.suffix, request_input.path, request_input.language_id)
 
 
 def _resolve(job: CompletionJob, outcome: CompletionOutcome) -> None:

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from completion_engine.completion import CompletionOptions
 from completion_engine.types import Chunk, Stats
 from lsp_server.corpus import CorpusFeed
 from lsp_server.documents import CursorContext
 from lsp_server.fair_queue import FairQueue, QueueFull
-from lsp_server.settings import CompletionSettings
 from lsp_server.stats import ServerCounters
 from lsp_server.worker import CompletionInput, CompletionJob, ModelWorker, ServerBusy
 
@@ -21,6 +21,7 @@ class FakeGeneration:
         self.engine, self.request, self.cancel = engine, request, cancel
         self.stats = Stats()
         self.text = ""
+        self.tokens: list[int] = []
 
     def __iter__(self):
         self.engine.started.put(self.request.context)
@@ -33,6 +34,7 @@ class FakeGeneration:
             if self.engine.fail:
                 raise RuntimeError("boom")
             self.text += "x"
+            self.tokens.append(1)
             self.stats.tokens += 1
             yield Chunk(text="x", tokens=[1], source="none", accepted=0)
         self.stats.stop_reason = "length"
@@ -73,7 +75,7 @@ def worker():
 
 
 def job(client: int, uri: str, tokens: int = 3) -> CompletionJob:
-    settings = CompletionSettings(max_new_tokens=tokens, syntax=False)
+    settings = CompletionOptions(max_new_tokens=tokens, syntax=False)
     cursor = CursorContext(prefix=f"{uri}:", suffix="", line_prefix="")
     return CompletionJob(client=client, input=CompletionInput(uri, cursor, "python", "/x.py", settings))
 
