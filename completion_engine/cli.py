@@ -65,6 +65,9 @@ def add_complete_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-syntax", action="store_true", help="show the raw model output, no syntax checks"
     )
+    parser.add_argument(
+        "--no-healing", action="store_true", help="no token healing: continue from the prompt's last token"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     add_engine_arguments(parser)
 
@@ -77,6 +80,7 @@ def completion_options(args: argparse.Namespace) -> CompletionOptions:
         top_p=args.top_p,
         seed=args.seed,
         syntax=not args.no_syntax,
+        healing=not args.no_healing,
     )
 
 

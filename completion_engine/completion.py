@@ -1,6 +1,6 @@
 """The one path from a cursor to a completion, used by the CLI, the language server and eval.
 
-    cursor ──build_prompt──> Prompt (the exact token context) ──request_for──> Request
+    cursor ──build_prompt──> Prompt (the exact token context, healing) ──request_for──> Request
            ──engine.stream + stop_policy──> streamed text ──finalize──> CompletionResult
 
 No torch import here (the language server imports this module): the engine is passed in.
@@ -36,6 +36,7 @@ class CompletionOptions:
     top_p: float = 1.0
     seed: int = 0
     syntax: bool = True  # stop and trim with the syntax module (or the blank-line fallback)
+    healing: bool = True  # back off the prompt's last token and constrain the first ones to spell it
 
     def __post_init__(self) -> None:
         drafter_spec(self.draft)  # ValueError for an unknown name: no silent fall-through
@@ -62,6 +63,7 @@ class Prompt:
     """What the model is asked to continue."""
 
     context: list[int]  # the exact token ids of the request's context
+    heal: str = ""  # text backed off the prompt's end that the completion must start with (not inserted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +87,11 @@ def build_prompt(engine: CompletionEngine, cursor: Cursor, options: CompletionOp
     """
     max_context = engine.config.max_context
     window = prompt_window(cursor.prefix, max_context * CHARS_PER_CONTEXT_TOKEN)
-    return Prompt(context=stable_tail(engine.encode(window), max_context))
+    tokens = stable_tail(engine.encode(window), max_context)
+    if options.healing:
+        context, heal = engine.token_table.split(tokens)
+        return Prompt(context=context, heal=heal)
+    return Prompt(context=tokens)
 
 
 def request_for(prompt: Prompt, options: CompletionOptions) -> Request:
@@ -96,6 +102,7 @@ def request_for(prompt: Prompt, options: CompletionOptions) -> Request:
         top_p=options.top_p,
         seed=options.seed,
         draft=options.draft,
+        heal=prompt.heal,
     )
 
 

@@ -12,6 +12,7 @@ import torch
 from completion_engine.config import EngineConfig
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
+from completion_engine.healing import TokenTable, remaining_heal, strip_heal
 from completion_engine.kv import common_prefix_len
 from completion_engine.models import LoadedModel, check_compatible
 from completion_engine.runner import ROW_BUCKET, DecoderRunner
@@ -78,6 +79,7 @@ class CompletionEngine:
         self.corpus = DocumentCorpus(config.ngram_min)
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
         self._model_drafter: ModelDrafter | None = None
+        self._token_table: TokenTable | None = None
         if draft is not None:
             check_compatible(target, draft)
             draft_runner = DecoderRunner(draft.weights, exact=False, capacity=capacity)
@@ -165,7 +167,7 @@ class CompletionEngine:
                 return
             logits = self._prefill(context, stats)
             stats.prefill_s = time.perf_counter() - started
-            pending = self._choose(logits[0], sampler)
+            pending = self._choose(self._constrain(request.heal, [], [], logits[:1])[0], sampler)
             chunk = self._accept(request, [pending], "none", 0, progress, stats, budget, stop_check)
             stats.ttft_s = time.perf_counter() - started
             if chunk is not None:
@@ -180,6 +182,7 @@ class CompletionEngine:
                 source = draft.source if draft and drafted else "none"
                 base = len(runner)
                 target_logits = runner.extend([pending, *drafted], all_logits=True)  # [1 + n, vocab]
+                target_logits = self._constrain(request.heal, progress.tokens, drafted, target_logits)
                 if sampler is None:
                     accepted, pending = greedy_accept(drafted, target_logits)
                 else:
@@ -224,6 +227,33 @@ class CompletionEngine:
         stats.prefill_tokens = len(context) - keep
         return runner.extend(context[keep:])
 
+    @property
+    def token_table(self) -> TokenTable:
+        """Each token's text, for token healing (built on first use)."""
+        if self._token_table is None:
+            self._token_table = TokenTable.from_tokenizer(self.target.tokenizer, self.target.vocab_size)
+        return self._token_table
+
+    def _constrain(
+        self, heal: str, generated: list[int], drafted: list[int], logits: torch.Tensor
+    ) -> torch.Tensor:
+        """Token healing: while `heal` is not spelt yet, only tokens that go on spelling it may win.
+
+        logits: [rows, vocab]; row i predicts the token after generated + drafted[:i]. Plain decoding
+        and verification both choose through this mask, so they choose alike.
+        """
+        if not heal or len(self.decode(generated)) >= len(heal):
+            return logits
+        masked = logits.clone()
+        for row in range(logits.shape[0]):
+            remaining = remaining_heal(heal, self.decode([*generated, *drafted[:row]]))
+            if not remaining:
+                break  # the text only grows: later rows are free too
+            keep = torch.tensor(self.token_table.allowed(remaining), dtype=torch.long)
+            masked[row] = float("-inf")
+            masked[row, keep] = logits[row, keep]
+        return masked
+
     def _choose(self, logits: torch.Tensor, sampler: Sampler | None) -> int:
         if sampler is None:
             return int(logits.argmax())
@@ -260,7 +290,7 @@ class CompletionEngine:
                 progress.done, stats.stop_reason = True, "length"
                 break
         progress.tokens.extend(kept)
-        text = self.decode(progress.tokens)
+        text = strip_heal(self.decode(progress.tokens), request.heal)
         cut = _first_stop(text, request.stop)
         if cut is not None:
             text, progress.done, stats.stop_reason = text[:cut], True, "stop"

@@ -68,6 +68,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     completion.add_argument(
         "--no-syntax", action="store_true", help="do not stop or trim completions by syntax"
     )
+    completion.add_argument(
+        "--no-healing", action="store_true", help="no token healing of the prompt's last token"
+    )
 
     limits = parser.add_argument_group("limits")
     defaults = ServerLimits()
@@ -190,6 +193,7 @@ def _start_shared(args: argparse.Namespace):
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         syntax=not args.no_syntax,
+        healing=not args.no_healing,
     )
     counters = ServerCounters()
     corpus = CorpusFeed(limits.corpus_tokens)

@@ -33,6 +33,7 @@ OPTION_FIELDS = {
     "maxNewTokens": "max_new_tokens",
     "temperature": "temperature",
     "syntax": "syntax",
+    "healing": "healing",
 }
 
 
@@ -59,6 +60,10 @@ def apply_options(base: CompletionOptions, options: object) -> CompletionOptions
         if not isinstance(options["syntax"], bool):
             raise InvalidOptions(f"syntax must be true or false, not {options['syntax']!r:.40}")
         changes["syntax"] = options["syntax"]
+    if "healing" in options and options["healing"] is not None:
+        if not isinstance(options["healing"], bool):
+            raise InvalidOptions(f"healing must be true or false, not {options['healing']!r:.40}")
+        changes["healing"] = options["healing"]
     return replace(base, **changes)
 
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from completion_engine.completion import CompletionOptions
+from completion_engine.healing import TokenTable
 from completion_engine.types import Chunk, Stats
 from lsp_server.corpus import CorpusFeed
 from lsp_server.documents import CursorContext
@@ -45,6 +46,7 @@ class FakeEngine:
         import queue
 
         self.config = SimpleNamespace(max_context=4096)
+        self.token_table = TokenTable.from_texts([chr(i) for i in range(256)])  # no token extends another
         self.corpus = SimpleNamespace(
             set_document=lambda doc_id, tokens: self.documents.__setitem__(doc_id, tokens)
         )

@@ -1,0 +1,112 @@
+"""Token healing: back off the prompt's last token and let the model choose how that text is spelt.
+
+A prompt that ends inside what the tokenizer would merge with the text that follows (a run of
+spaces, a half-typed identifier, half of `==`) ends at a token boundary the model never saw in
+training: after "        " (8 spaces) it expects the next token to start a word, so it writes
+" if ..." and the line gets 9 spaces. Healing removes the last token from the context and
+constrains the first generated token(s) to spell the removed text (or start with it):
+
+    prompt "    x = fo"  ->  context "    x =", heal " fo"
+    allowed first tokens: " foo", " format", " f" (then "o..."), ...; not " bar", not "\\n"
+
+Greedy decoding then picks the argmax over the allowed tokens; the engine applies the same mask
+where the first token is chosen and where drafted tokens are verified, so speculative output equals
+plain output under the same constraint. The removed text is not part of the completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+def remaining_heal(heal: str, generated: str) -> str:
+    """What of `heal` the generated text has not spelt yet ("" once it is covered).
+
+    >>> remaining_heal("    ", ""), remaining_heal("    ", "  "), remaining_heal("    ", "    if")
+    ('    ', '  ', '')
+    """
+    if len(generated) >= len(heal):
+        return ""
+    return heal[len(generated) :]
+
+
+def strip_heal(text: str, heal: str) -> str:
+    """The completion without the healed text (empty while the healed text is not spelt yet).
+
+    >>> strip_heal("    return x", "    "), strip_heal("  ", "    ")
+    ('return x', '')
+    """
+    return text[len(heal) :] if text.startswith(heal) else ""
+
+
+def allowed_tokens(
+    token_texts: Sequence[str], remaining: str, excluded: frozenset[int] = frozenset()
+) -> list[int]:
+    """Tokens that may come next while `remaining` is still to be spelt: those that start with it,
+    and the non-empty ones it starts with.
+
+    >>> allowed_tokens(["a", "ab", "abc", "b", "", "x"], "ab")
+    [0, 1, 2]
+    """
+    return [
+        token
+        for token, text in enumerate(token_texts)
+        if text and token not in excluded and (text.startswith(remaining) or remaining.startswith(text))
+    ]
+
+
+def heal_split(
+    tokens: Sequence[int], token_texts: Sequence[str], extendable: set[str] | frozenset[str]
+) -> tuple[list[int], str]:
+    """(context, heal): the last token is backed off when some other token extends its text.
+
+    >>> heal_split([5, 1], ["", "ab", "abc"], {"a", "ab"})
+    ([5], 'ab')
+    >>> heal_split([5, 2], ["", "ab", "abc"], {"a", "ab"})
+    ([5, 2], '')
+    """
+    if len(tokens) < 2:  # keep at least one token of context
+        return list(tokens), ""
+    last = tokens[-1]
+    text = token_texts[last] if 0 <= last < len(token_texts) else ""
+    if text and "\ufffd" not in text and text in extendable:
+        return list(tokens[:-1]), text
+    return list(tokens), ""
+
+
+@dataclass(slots=True)
+class TokenTable:
+    """Each token's text, which texts other tokens extend, and the allowed sets already computed."""
+
+    texts: list[str]  # [vocab]: decoded text of each token alone; "" for special or unused ids
+    special: frozenset[int]
+    extendable: frozenset[str]  # texts that are a proper prefix of another token's text
+    _allowed: dict[str, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def from_texts(cls, texts: list[str], special: frozenset[int] = frozenset()) -> TokenTable:
+        texts = ["" if i in special else t for i, t in enumerate(texts)]
+        prefixes = {text[:n] for text in texts for n in range(1, len(text))}
+        return cls(texts, special, frozenset(prefixes))
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, vocab_size: int) -> TokenTable:
+        """Byte-level BPE tokenizers decode a sequence as the concatenation of its tokens' texts."""
+        count = min(len(tokenizer), vocab_size)
+        texts = tokenizer.batch_decode([[i] for i in range(count)], clean_up_tokenization_spaces=False)
+        texts += [""] * (vocab_size - count)
+        special = frozenset(int(i) for i in tokenizer.all_special_ids) | frozenset(
+            int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})
+        )
+        return cls.from_texts(texts, special)
+
+    def allowed(self, remaining: str) -> list[int]:
+        if remaining not in self._allowed:
+            if len(self._allowed) > 256:
+                self._allowed.clear()
+            self._allowed[remaining] = allowed_tokens(self.texts, remaining, self.special)
+        return self._allowed[remaining]
+
+    def split(self, tokens: Sequence[int]) -> tuple[list[int], str]:
+        return heal_split(tokens, self.texts, self.extendable)
