@@ -7,7 +7,9 @@ Each check below decides at the earliest character that settles it, so it does.
 
 The policy: the syntax module's checker, and the scope stop (a line indented less than the block
 the cursor is in ends the completion), whichever cuts first. Without the syntax module (tree-sitter
-missing) a fallback stops before a blank line or a dedent.
+missing) a fallback stops before a blank line or a dedent. When code follows the cursor on its line
+(the cursor at a statement start, after the indentation), the final text ends with a line break and
+the indentation, so that code moves down to its own line.
 """
 
 from __future__ import annotations
@@ -130,15 +132,41 @@ def earliest(*checks: StopAt) -> StopAt:
     return stop_at
 
 
-def fallback_policy(prefix: str) -> StopPolicy:
+def line_break_before_code(prefix: str, suffix: str) -> str:
+    """What a completion must end with when code follows the cursor on its line: a line break and the
+    cursor's indentation, so that the code moves down intact ("" when nothing follows).
+
+    >>> line_break_before_code("def f():\\n    ", "return 1\\n"), line_break_before_code("x = ", "1")
+    ('\\n    ', '')
+    """
+    line_prefix = prefix[prefix.rfind("\n") + 1 :]
+    rest_of_line = suffix.split("\n", 1)[0]
+    if line_prefix.strip() or not rest_of_line.strip():
+        return ""
+    return "\n" + line_prefix
+
+
+def end_before_code(completion: str, joiner: str) -> str:
+    """The completion ended by `joiner` (see line_break_before_code); a blank one becomes empty.
+
+    >>> end_before_code("x = 1\\n  ", "\\n    "), end_before_code("  ", "\\n    ")
+    ('x = 1\\n    ', '')
+    """
+    if not joiner:
+        return completion
+    return completion.rstrip() + joiner if completion.strip() else ""
+
+
+def fallback_policy(prefix: str, suffix: str = "") -> StopPolicy:
     indent, _ = scope_indent(prefix)
+    joiner = line_break_before_code(prefix, suffix)
 
     def stop_at(completion: str) -> int | None:
         return fallback_stop(completion, indent)
 
     def finalize(completion: str) -> str:
         keep = stop_at(completion)
-        return (completion if keep is None else completion[:keep]).rstrip()
+        return end_before_code((completion if keep is None else completion[:keep]).rstrip(), joiner)
 
     return StopPolicy(stop_at=stop_at, visible=_same, finalize=finalize, source="fallback")
 
@@ -163,14 +191,20 @@ def syntax_policy(prefix: str, suffix: str, language_id: str, path: str) -> Stop
         logger.exception("the syntax checker failed for %s; using the fallback", path)
         return None
     indent, at_line_start = scope_indent(prefix)
+    joiner = line_break_before_code(prefix, suffix)
+    checked_finalize = _guarded(checker.finalize, _same)
 
     def scope(text: str) -> int | None:
         return dedent_stop(text, indent, at_line_start)
 
+    def finalize(text: str) -> str:
+        # with code after the cursor on its line, a completion ends with a line break first
+        return checked_finalize(end_before_code(text, joiner))
+
     return StopPolicy(
         stop_at=earliest(_guarded(checker.stop_at, lambda text: None), scope),
         visible=_guarded(checker.visible, _same),
-        finalize=_guarded(checker.finalize, _same),
+        finalize=finalize,
         source="syntax+scope",
     )
 
@@ -194,7 +228,7 @@ def stop_policy(prefix: str, suffix: str, language_id: str, path: str, syntax: b
     """Syntax off: the raw completion (up to max tokens). On: syntax and scope, else the fallback."""
     if not syntax:
         return StopPolicy()
-    return syntax_policy(prefix, suffix, language_id, path) or fallback_policy(prefix)
+    return syntax_policy(prefix, suffix, language_id, path) or fallback_policy(prefix, suffix)
 
 
 def policy_description() -> str:

@@ -90,3 +90,17 @@ def test_scope_indent_from_the_cursor():
 def test_earliest_takes_the_first_cut():
     assert earliest(lambda t: None, lambda t: 5, lambda t: 3)("abcdefg") == 3
     assert earliest(lambda t: None)("abc") is None
+
+
+@pytest.mark.parametrize("syntax_module", [True, False])
+def test_code_after_the_cursor_moves_to_its_own_line(monkeypatch, syntax_module):
+    if not syntax_module:
+        monkeypatch.setitem(sys.modules, "completion_engine.syntax", None)
+    prefix, suffix = "def f(key):\n    if key:\n        ", "raise KeyError(key)\n    return 1\n"
+    policy = stop_policy(prefix, suffix, "python", "x.py", syntax=True)
+    final = policy.finalize("self.x = 1")
+    assert final == "self.x = 1\n        "
+    compile(prefix + final + suffix, "x.py", "exec")
+    assert policy.finalize("   ") == ""
+    # nothing after the cursor on its line: nothing added
+    assert stop_policy(prefix, "\n", "python", "x.py", syntax=True).finalize("self.x = 1") == "self.x = 1"
