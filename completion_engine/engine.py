@@ -12,7 +12,7 @@ import torch
 from completion_engine.config import EngineConfig
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
-from completion_engine.healing import TokenTable, remaining_heal, strip_heal
+from completion_engine.healing import TokenTable, ends_in_blank, remaining_heal, strip_heal
 from completion_engine.kv import common_prefix_len
 from completion_engine.models import LoadedModel, check_compatible
 from completion_engine.runner import ROW_BUCKET, DecoderRunner
@@ -242,14 +242,15 @@ class CompletionEngine:
         logits: [rows, vocab]; row i predicts the token after generated + drafted[:i]. Plain decoding
         and verification both choose through this mask, so they choose alike.
         """
-        if not heal or len(self.decode(generated)) >= len(heal):
+        if not heal or remaining_heal(heal, self.decode(generated)) is None:
             return logits
         masked = logits.clone()
         for row in range(logits.shape[0]):
             remaining = remaining_heal(heal, self.decode([*generated, *drafted[:row]]))
-            if not remaining:
+            if remaining is None:
                 break  # the text only grows: later rows are free too
-            keep = torch.tensor(self.token_table.allowed(remaining), dtype=torch.long)
+            allowed = self.token_table.allowed(remaining, ends_in_blank(heal))
+            keep = torch.tensor(allowed, dtype=torch.long)
             masked[row] = float("-inf")
             masked[row, keep] = logits[row, keep]
         return masked
@@ -282,7 +283,7 @@ class CompletionEngine:
         """Add a step's tokens; apply EOS, length, stop strings and the stop check; return the text delta."""
         kept: list[int] = []
         for token in new_tokens:
-            if token in self.target.eos_token_ids:
+            if token in self.target.eos_token_ids or token in request.stop_tokens:
                 progress.done, stats.stop_reason = True, "eos"
                 break
             kept.append(token)

@@ -9,9 +9,11 @@ constrains the first generated token(s) to spell the removed text (or start with
     prompt "    x = fo"  ->  context "    x =", heal " fo"
     allowed first tokens: " foo", " format", " f" (then "o..."), ...; not " bar", not "\\n"
 
-Greedy decoding then picks the argmax over the allowed tokens; the engine applies the same mask
-where the first token is chosen and where drafted tokens are verified, so speculative output equals
-plain output under the same constraint. The removed text is not part of the completion.
+A heal that ends in indentation also keeps the first token after it from being whitespace: the user
+chose the indentation. Greedy decoding then picks the argmax over the allowed tokens; the engine
+applies the same mask where the first token is chosen and where drafted tokens are verified, so
+speculative output equals plain output under the same constraint. The removed text is not part of
+the completion.
 """
 
 from __future__ import annotations
@@ -20,15 +22,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
-def remaining_heal(heal: str, generated: str) -> str:
-    """What of `heal` the generated text has not spelt yet ("" once it is covered).
+def remaining_heal(heal: str, generated: str) -> str | None:
+    """What of `heal` the generated text has still to spell; None once the constraint is over.
 
-    >>> remaining_heal("    ", ""), remaining_heal("    ", "  "), remaining_heal("    ", "    if")
-    ('    ', '  ', '')
+    A heal that ends in spaces or tabs (the user typed the indentation) also forbids whitespace right
+    after it, so the constraint lasts one token more: "" means "spelt, but no whitespace next".
+
+    >>> remaining_heal("ab", ""), remaining_heal("ab", "a"), remaining_heal("ab", "ab")
+    ('ab', 'b', None)
+    >>> remaining_heal("    ", "    "), remaining_heal("    ", "    if")
+    ('', None)
     """
-    if len(generated) >= len(heal):
+    if len(generated) < len(heal):
+        return heal[len(generated) :]
+    if len(generated) == len(heal) and ends_in_blank(heal):
         return ""
-    return heal[len(generated) :]
+    return None
+
+
+def ends_in_blank(heal: str) -> bool:
+    return heal[-1:] in (" ", "\t")
 
 
 def strip_heal(text: str, heal: str) -> str:
@@ -41,19 +54,31 @@ def strip_heal(text: str, heal: str) -> str:
 
 
 def allowed_tokens(
-    token_texts: Sequence[str], remaining: str, excluded: frozenset[int] = frozenset()
+    token_texts: Sequence[str],
+    remaining: str,
+    excluded: frozenset[int] = frozenset(),
+    no_blank_after: bool = False,
 ) -> list[int]:
-    """Tokens that may come next while `remaining` is still to be spelt: those that start with it,
-    and the non-empty ones it starts with.
+    """Tokens that may come next while `remaining` is still to be spelt: the non-empty ones it starts
+    with, and those that start with it (with no_blank_after, not followed by a space or tab).
 
     >>> allowed_tokens(["a", "ab", "abc", "b", "", "x"], "ab")
     [0, 1, 2]
+    >>> allowed_tokens([" ", "  ", "  x", "   ", "x"], "  ", no_blank_after=True)
+    [0, 1, 2]
+    >>> allowed_tokens([" ", "  x", "x", "\\n"], "", no_blank_after=True)
+    [2, 3]
     """
-    return [
-        token
-        for token, text in enumerate(token_texts)
-        if text and token not in excluded and (text.startswith(remaining) or remaining.startswith(text))
-    ]
+    allowed = []
+    for token, text in enumerate(token_texts):
+        if not text or token in excluded:
+            continue
+        if text.startswith(remaining):
+            if not (no_blank_after and text[len(remaining) : len(remaining) + 1] in (" ", "\t")):
+                allowed.append(token)
+        elif remaining.startswith(text):
+            allowed.append(token)
+    return allowed
 
 
 def heal_split(
@@ -82,13 +107,16 @@ class TokenTable:
     texts: list[str]  # [vocab]: decoded text of each token alone; "" for special or unused ids
     special: frozenset[int]
     extendable: frozenset[str]  # texts that are a proper prefix of another token's text
-    _allowed: dict[str, list[int]] = field(default_factory=dict)
+    vocabulary: dict[str, int] = field(default_factory=dict)  # token string -> id (special tokens too)
+    _allowed: dict[tuple[str, bool], list[int]] = field(default_factory=dict)
 
     @classmethod
-    def from_texts(cls, texts: list[str], special: frozenset[int] = frozenset()) -> TokenTable:
+    def from_texts(
+        cls, texts: list[str], special: frozenset[int] = frozenset(), vocabulary: dict[str, int] | None = None
+    ) -> TokenTable:
         texts = ["" if i in special else t for i, t in enumerate(texts)]
         prefixes = {text[:n] for text in texts for n in range(1, len(text))}
-        return cls(texts, special, frozenset(prefixes))
+        return cls(texts, special, frozenset(prefixes), dict(vocabulary or {}))
 
     @classmethod
     def from_tokenizer(cls, tokenizer, vocab_size: int) -> TokenTable:
@@ -99,14 +127,15 @@ class TokenTable:
         special = frozenset(int(i) for i in tokenizer.all_special_ids) | frozenset(
             int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})
         )
-        return cls.from_texts(texts, special)
+        return cls.from_texts(texts, special, tokenizer.get_vocab())
 
-    def allowed(self, remaining: str) -> list[int]:
-        if remaining not in self._allowed:
+    def allowed(self, remaining: str, no_blank_after: bool = False) -> list[int]:
+        key = (remaining, no_blank_after)
+        if key not in self._allowed:
             if len(self._allowed) > 256:
                 self._allowed.clear()
-            self._allowed[remaining] = allowed_tokens(self.texts, remaining, self.special)
-        return self._allowed[remaining]
+            self._allowed[key] = allowed_tokens(self.texts, remaining, self.special, no_blank_after)
+        return self._allowed[key]
 
     def split(self, tokens: Sequence[int]) -> tuple[list[int], str]:
         return heal_split(tokens, self.texts, self.extendable)

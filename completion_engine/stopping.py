@@ -149,12 +149,21 @@ def line_break_before_code(prefix: str, suffix: str) -> str:
 def end_before_code(completion: str, joiner: str) -> str:
     """The completion ended by `joiner` (see line_break_before_code); a blank one becomes empty.
 
+    A last line that opens a block (ends with ":") is dropped: the code that follows at the cursor's
+    indentation could not be its body.
+
     >>> end_before_code("x = 1\\n  ", "\\n    "), end_before_code("  ", "\\n    ")
+    ('x = 1\\n    ', '')
+    >>> end_before_code("x = 1\\n    if x:", "\\n    "), end_before_code("if x:", "\\n    ")
     ('x = 1\\n    ', '')
     """
     if not joiner:
         return completion
-    return completion.rstrip() + joiner if completion.strip() else ""
+    lines = completion.rstrip().split("\n")
+    while lines and lines[-1].rstrip().endswith(":"):
+        lines.pop()
+    kept = "\n".join(lines).rstrip()
+    return kept + joiner if kept.strip() else ""
 
 
 def fallback_policy(prefix: str, suffix: str = "") -> StopPolicy:

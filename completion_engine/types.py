@@ -23,6 +23,7 @@ class Request:
     top_p: float = 1.0
     seed: int = 0
     draft: str = "ngram"  # one of DRAFT_METHODS
+    stop_tokens: frozenset[int] = frozenset()  # tokens that end generation like EOS (FIM end tokens)
     heal: str = ""  # token healing: text the first generated tokens must spell; not part of the completion
 
     def __post_init__(self) -> None:

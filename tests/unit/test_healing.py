@@ -12,7 +12,7 @@ import torch
 from completion_engine.completion import CompletionOptions, Cursor, build_prompt, complete
 from completion_engine.config import EngineConfig
 from completion_engine.engine import CompletionEngine
-from completion_engine.healing import TokenTable, allowed_tokens, heal_split, remaining_heal
+from completion_engine.healing import TokenTable, allowed_tokens, ends_in_blank, heal_split, remaining_heal
 from completion_engine.types import Draft, Request
 
 SOURCE = textwrap.dedent(inspect.getsource(textwrap))
@@ -48,8 +48,8 @@ def constrained_reference(engine: CompletionEngine, context: list[int], heal: st
         runner.truncate(0)
         logits = runner.extend(context + tokens)[0].float()
         remaining = remaining_heal(heal, engine.decode(tokens))
-        if remaining:
-            allowed = allowed_tokens(table.texts, remaining, table.special)
+        if remaining is not None:
+            allowed = allowed_tokens(table.texts, remaining, table.special, ends_in_blank(heal))
             logits = torch.full_like(logits, float("-inf")).index_copy(
                 0, torch.tensor(allowed), logits[allowed]
             )
@@ -65,6 +65,7 @@ def test_pure_parts():
     assert remaining_heal("abc", "ab") == "c"
     table = TokenTable.from_texts(["<s>", " ", "  ", "   x", "x"], special=frozenset({0}))
     assert table.allowed("  ") == [1, 2, 3]
+    assert table.allowed("  ", no_blank_after=True) == [1, 2]  # not "   x": a third space
     assert table.split([4, 2]) == ([4], "  ")
 
 
@@ -115,7 +116,9 @@ def test_drafts_that_break_the_constraint_are_rejected(tiny_target, monkeypatch)
     engine = engine_for(tiny_target, k=6)
     for context, heal in healed_prompts(engine, 4, seed=5):
         expected = plain(engine, context, heal, 12)
-        bad = [t for t in range(tiny_target.vocab_size) if t not in engine.token_table.allowed(heal)][:6]
+        bad = [t for t in range(tiny_target.vocab_size) if t not in engine.token_table.allowed(heal, True)][
+            :6
+        ]
         monkeypatch.setattr(engine, "drafter_for", lambda method, bad=bad: DisallowedDrafter(bad))
         generation = engine.complete(Request(context=context, max_new_tokens=12, draft="ngram", heal=heal))
         assert generation.tokens == expected
