@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from completion_engine.drafters import drafter_spec
+from completion_engine.fim import FIM_CHOICES, choose_fim, suffix_window
 from completion_engine.prompt import prompt_window, stable_tail
 from completion_engine.stopping import stop_policy
 from completion_engine.types import Request, Stats
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from completion_engine.engine import CompletionEngine
 
 CHARS_PER_CONTEXT_TOKEN = 6  # generous: code averages 3-4 characters per token
+# FIM suffix budget in tokens: in PSM order every keystroke re-prefills the suffix, so keep it short
+SUFFIX_TOKENS = {"psm": 128, "spm": 512}
+FIM_OVERHEAD_TOKENS = 8  # the template's own tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +41,12 @@ class CompletionOptions:
     seed: int = 0
     syntax: bool = True  # stop and trim with the syntax module (or the blank-line fallback)
     healing: bool = True  # back off the prompt's last token and constrain the first ones to spell it
+    fim: str = "auto"  # fill-in-the-middle: "auto" (from the tokenizer) | "off" | a family in FIM_FORMATS
 
     def __post_init__(self) -> None:
         drafter_spec(self.draft)  # ValueError for an unknown name: no silent fall-through
+        if self.fim not in FIM_CHOICES:
+            raise ValueError(f"unknown FIM format {self.fim!r}; choose one of {', '.join(FIM_CHOICES)}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
 
@@ -64,6 +71,8 @@ class Prompt:
 
     context: list[int]  # the exact token ids of the request's context
     heal: str = ""  # text backed off the prompt's end that the completion must start with (not inserted)
+    fim: str = ""  # the FIM family whose template the context follows; "" for prefix only
+    stop_tokens: frozenset[int] = frozenset()  # the FIM family's end-of-middle tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +92,27 @@ def build_prompt(engine: CompletionEngine, cursor: Cursor, options: CompletionOp
     """The cursor's prompt: the exact token context a request at this cursor will use.
 
     The text window and the token tail start at block-aligned places that stay put while the user
-    types, so the engine's KV cache of the previous request stays reusable.
+    types, so the engine's KV cache of the previous request stays reusable. With a FIM family the
+    suffix (from its start, up to a budget) goes into the family's template; see fim.py for the order.
     """
+    table = engine.token_table
     max_context = engine.config.max_context
+    fim = choose_fim(options.fim, table.vocabulary)
+    suffix_tokens: list[int] = []
+    if fim is not None:
+        budget = min(SUFFIX_TOKENS[fim.order], max_context // 4)
+        suffix_tokens = engine.encode(suffix_window(cursor.suffix, budget * CHARS_PER_CONTEXT_TOKEN))[:budget]
+        max_context -= len(suffix_tokens) + FIM_OVERHEAD_TOKENS
     window = prompt_window(cursor.prefix, max_context * CHARS_PER_CONTEXT_TOKEN)
-    tokens = stable_tail(engine.encode(window), max_context)
+    prefix_tokens = stable_tail(engine.encode(window), max_context)
+    heal = ""
     if options.healing:
-        context, heal = engine.token_table.split(tokens)
-        return Prompt(context=context, heal=heal)
-    return Prompt(context=tokens)
+        prefix_tokens, heal = table.split(prefix_tokens)
+    if fim is None:
+        return Prompt(context=prefix_tokens, heal=heal)
+    context = fim.tokens(prefix_tokens, suffix_tokens, table.vocabulary.__getitem__, engine.encode)
+    stops = frozenset(table.vocabulary[t] for t in fim.stop_tokens if t in table.vocabulary)
+    return Prompt(context=context, heal=heal, fim=fim.name, stop_tokens=stops)
 
 
 def request_for(prompt: Prompt, options: CompletionOptions) -> Request:
@@ -103,6 +124,7 @@ def request_for(prompt: Prompt, options: CompletionOptions) -> Request:
         seed=options.seed,
         draft=options.draft,
         heal=prompt.heal,
+        stop_tokens=prompt.stop_tokens,
     )
 
 
