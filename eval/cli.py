@@ -16,11 +16,13 @@ from pathlib import Path
 
 from completion_engine.options import engine_config
 from eval.options import (
+    OPTION_VARIANTS,
     add_engine_arguments,
     build_engine,
     build_peers,
     eval_options,
     requested_methods,
+    requested_variants,
     run_meta,
     say,
     set_threads,
@@ -103,7 +105,8 @@ def _run_eval(args: argparse.Namespace) -> int:
     say(f"{len(cases)} cases, methods {', '.join(methods)}; results in {folder}")
     engine = build_engine(config, progress)
     peers = None if args.no_peers else build_peers(config, progress)
-    runner = CaseRunner(engine, eval_options(args), methods, score, peers, args.repeats)
+    variants = {name: OPTION_VARIANTS[name] for name in requested_variants(args)}
+    runner = CaseRunner(engine, eval_options(args), methods, score, peers, args.repeats, variants)
     rows = run_cases(cases, runner, folder, args.resume, progress, desc=args.suite)
     text = write_report(folder, rows, meta, plots=not args.no_plots)
     print(text)

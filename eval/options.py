@@ -35,9 +35,32 @@ def add_engine_arguments(parser: argparse.ArgumentParser, max_new_tokens: int) -
         action="store_true",
         help="continue an interrupted run in --out (default: the latest eval/out/<suite>-*)",
     )
+    run.add_argument(
+        "--variants",
+        default="",
+        metavar="NAMES",
+        help=f"also complete every case (plain decoding) with these option variants and grade them: "
+        f"{', '.join(v for v in OPTION_VARIANTS if v != 'default')}",
+    )
     run.add_argument("--no-peers", action="store_true", help="skip the Hugging Face generate() peers")
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     run.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+# Completion-option variants eval can compare in one run (plain decoding per variant, same cases)
+OPTION_VARIANTS: dict[str, dict] = {
+    "default": {},
+    "no-healing": {"healing": False},
+    "no-fim": {"fim": "off"},
+}
+
+
+def requested_variants(args: argparse.Namespace) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in (getattr(args, "variants", None) or "").split(",") if v.strip())
+    unknown = [v for v in names if v not in OPTION_VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(OPTION_VARIANTS)}")
+    return tuple(v for v in names if v != "default")
 
 
 def requested_methods(args: argparse.Namespace) -> list[str]:
@@ -107,6 +130,7 @@ def run_meta(
         "dtype": config.dtype if config.dtype != "auto" else "bfloat16 (auto)",
         "exact": config.exact,
         "methods": list(methods),
+        "variants": list(requested_variants(args)),
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "max_draft": config.max_draft,

@@ -123,11 +123,13 @@ class CaseRunner:
         score: Score,
         peers=None,
         repeats: int = 1,
+        variants: dict[str, dict] | None = None,
     ) -> None:
         self.engine = engine
         self.options = options
         self.methods = methods  # draft methods to run; "none" always first
         self.repeats = repeats  # runs per method; the fastest counts (the least disturbed by other load)
+        self.variants = variants or {}  # name -> CompletionOptions overrides, graded with plain decoding
         self.score = score
         self.peers = peers
         self._documents: list[str] = []
@@ -163,6 +165,14 @@ class CaseRunner:
             "methods": results,
             "lossless": {"identical": not mismatches, "mismatches": mismatches},
         }
+        if self.variants:
+            row["variants"] = {
+                "default": {"text": results["none"]["text"], "metrics": results["none"]["metrics"]}
+            }
+            for name, overrides in self.variants.items():
+                options = replace(self.options, draft="none", **overrides)
+                text = complete(engine, cursor, options).text
+                row["variants"][name] = {"text": text, "metrics": graded.get(text) or self.score(case, text)}
         if self.peers is not None:
             plain_tokens = results["none"]["token_ids"]
             row["peers"] = self.peers.run_case(context, len(plain_tokens), plain_tokens)

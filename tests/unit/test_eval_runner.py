@@ -120,3 +120,19 @@ def test_repeats_keep_the_fastest_run_and_check_that_greedy_repeats_itself(engin
         assert len(result["decode_s_repeats"]) == 2
         assert result["decode_s"] == min(result["decode_s_repeats"])
     assert row["lossless"]["identical"]
+
+
+def test_option_variants_are_graded_on_the_same_case(engine):
+    from eval.report import summarize_variants, variant_table
+
+    variants = {"no-healing": {"healing": False}, "no-fim": {"fim": "off"}}
+    runner = CaseRunner(engine, CompletionOptions(max_new_tokens=6), ("none",), score, variants=variants)
+    row = runner.run(case())
+    assert list(row["variants"]) == ["default", "no-healing", "no-fim"]
+    assert row["variants"]["default"]["text"] == row["methods"]["none"]["text"]
+    assert row["variants"]["no-fim"]["text"] == row["methods"]["none"]["text"]  # the tiny model has no FIM
+    summary = summarize_variants([row])
+    assert summary["no-healing"]["cases"] == 1
+    table = variant_table({"variants": summary})
+    assert table[2] == "| variant | cases | edit similarity |"
+    assert table[-1] == "| no-fim | 1 | 0.000 |"
