@@ -9,11 +9,13 @@ The policy: the syntax module's checker, and the scope stop (a line indented les
 the cursor is in ends the completion), whichever cuts first. Without the syntax module (tree-sitter
 missing) a fallback stops before a blank line or a dedent. When code follows the cursor on its line
 (the cursor at a statement start, after the indentation), the final text ends with a line break and
-the indentation, so that code moves down to its own line.
+the indentation, so that code moves down to its own line. For Python, CPython's parser checks the
+final text last (python_guard).
 """
 
 from __future__ import annotations
 
+import ast
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ StopAt = Callable[[str], "int | None"]
 
 SYNTAX_PREFIX_CHARS = 32_000
 SYNTAX_SUFFIX_CHARS = 8_000
+PYTHON_GUARD_CHARS = 400_000
 
 
 def _same(text: str) -> str:
@@ -166,6 +169,41 @@ def end_before_code(completion: str, joiner: str) -> str:
     return kept + joiner if kept.strip() else ""
 
 
+def is_python(language_id: str, path: str) -> bool:
+    return language_id.lower() == "python" or path.endswith((".py", ".pyi"))
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def python_guard(prefix: str, suffix: str, completion: str, joiner: str = "") -> str:
+    """Python's own parser has the last word (tree-sitter forgives what CPython does not: a block
+    opener with no indented body, a nested `def` whose body is not indented). If the file parses
+    without the completion but not with it, drop whole lines from the end until it parses again.
+
+    >>> python_guard("def f():\\n    ", "return 1\\n", "if x:\\n    ", "\\n    ")
+    ''
+    >>> python_guard("def f():\\n    ", "return 1\\n", "y = 2\\n    if y:\\n    ", "\\n    ")
+    'y = 2\\n    '
+    """
+    if len(prefix) + len(suffix) > PYTHON_GUARD_CHARS:  # a few ms per parse below this size
+        return completion
+    if not completion or _parses(prefix + completion + suffix) or not _parses(prefix + suffix):
+        return completion
+    lines = completion.rstrip().split("\n")
+    for keep in range(len(lines) - 1, 0, -1):
+        kept = "\n".join(lines[:keep])
+        candidate = end_before_code(kept, joiner) if joiner else kept.rstrip()
+        if candidate.strip() and _parses(prefix + candidate + suffix):
+            return candidate
+    return ""
+
+
 def fallback_policy(prefix: str, suffix: str = "") -> StopPolicy:
     indent, _ = scope_indent(prefix)
     joiner = line_break_before_code(prefix, suffix)
@@ -202,13 +240,15 @@ def syntax_policy(prefix: str, suffix: str, language_id: str, path: str) -> Stop
     indent, at_line_start = scope_indent(prefix)
     joiner = line_break_before_code(prefix, suffix)
     checked_finalize = _guarded(checker.finalize, _same)
+    python = is_python(language_id, path)
 
     def scope(text: str) -> int | None:
         return dedent_stop(text, indent, at_line_start)
 
     def finalize(text: str) -> str:
         # with code after the cursor on its line, a completion ends with a line break first
-        return checked_finalize(end_before_code(text, joiner))
+        final = checked_finalize(end_before_code(text, joiner))
+        return python_guard(prefix, suffix, final, joiner) if python else final
 
     return StopPolicy(
         stop_at=earliest(_guarded(checker.stop_at, lambda text: None), scope),
@@ -237,7 +277,18 @@ def stop_policy(prefix: str, suffix: str, language_id: str, path: str, syntax: b
     """Syntax off: the raw completion (up to max tokens). On: syntax and scope, else the fallback."""
     if not syntax:
         return StopPolicy()
-    return syntax_policy(prefix, suffix, language_id, path) or fallback_policy(prefix, suffix)
+    policy = syntax_policy(prefix, suffix, language_id, path)
+    if policy is not None:
+        return policy
+    fallback = fallback_policy(prefix, suffix)
+    if not is_python(language_id, path):
+        return fallback
+    joiner = line_break_before_code(prefix, suffix)
+
+    def finalize(text: str) -> str:
+        return python_guard(prefix, suffix, fallback.finalize(text), joiner)
+
+    return StopPolicy(fallback.stop_at, fallback.visible, finalize, fallback.source)
 
 
 def policy_description() -> str:

@@ -104,3 +104,12 @@ def test_code_after_the_cursor_moves_to_its_own_line(monkeypatch, syntax_module)
     assert policy.finalize("   ") == ""
     # nothing after the cursor on its line: nothing added
     assert stop_policy(prefix, "\n", "python", "x.py", syntax=True).finalize("self.x = 1") == "self.x = 1"
+
+
+def test_cpython_has_the_last_word_on_python():
+    # tree-sitter accepts a nested def whose body is not indented; CPython does not
+    prefix, suffix = "class C:\n    def g(self):\n        ", "return 1\n"
+    policy = stop_policy(prefix, suffix, "python", "x.py", syntax=True)
+    final = policy.finalize('x = 1\n        def h(self):\n        """Doc."""\n        return 2')
+    compile(prefix + final + suffix, "x.py", "exec")
+    assert final.startswith("x = 1\n")
