@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from completion_engine.crossfile import neighbourhood, render_files, repo_separator, select_snippets
 from completion_engine.drafters import drafter_spec
 from completion_engine.fim import FIM_CHOICES, choose_fim, suffix_window
 from completion_engine.prompt import prompt_window, stable_tail
@@ -42,6 +43,7 @@ class CompletionOptions:
     syntax: bool = True  # stop and trim with the syntax module (or the blank-line fallback)
     healing: bool = True  # back off the prompt's last token and constrain the first ones to spell it
     fim: str = "auto"  # fill-in-the-middle: "auto" (from the tokenizer) | "off" | a family in FIM_FORMATS
+    cross_file_tokens: int = 0  # budget for snippets of other open files (0: none); see crossfile.py
 
     def __post_init__(self) -> None:
         drafter_spec(self.draft)  # ValueError for an unknown name: no silent fall-through
@@ -59,6 +61,7 @@ class Cursor:
     suffix: str = ""  # everything after it
     path: str = ""  # for the language (and, later, the file's name in prompts)
     language_id: str = ""  # the editor's language id, when it sent one
+    other_files: tuple[tuple[str, str], ...] = ()  # (path, text) of other open documents
 
     @property
     def line_prefix(self) -> str:
@@ -97,6 +100,8 @@ def build_prompt(engine: CompletionEngine, cursor: Cursor, options: CompletionOp
     """
     table = engine.token_table
     max_context = engine.config.max_context
+    repo_tokens = other_files_tokens(engine, cursor, options, max_context // 2)
+    max_context -= len(repo_tokens)
     fim = choose_fim(options.fim, table.vocabulary)
     suffix_tokens: list[int] = []
     if fim is not None:
@@ -109,10 +114,26 @@ def build_prompt(engine: CompletionEngine, cursor: Cursor, options: CompletionOp
     if options.healing:
         prefix_tokens, heal = table.split(prefix_tokens)
     if fim is None:
-        return Prompt(context=prefix_tokens, heal=heal)
+        return Prompt(context=repo_tokens + prefix_tokens, heal=heal)
     context = fim.tokens(prefix_tokens, suffix_tokens, table.vocabulary.__getitem__, engine.encode)
     stops = frozenset(table.vocabulary[t] for t in fim.stop_tokens if t in table.vocabulary)
-    return Prompt(context=context, heal=heal, fim=fim.name, stop_tokens=stops)
+    return Prompt(context=repo_tokens + context, heal=heal, fim=fim.name, stop_tokens=stops)
+
+
+def other_files_tokens(
+    engine: CompletionEngine, cursor: Cursor, options: CompletionOptions, most: int
+) -> list[int]:
+    """Snippets of other open files in the model's repository format, then the current file's header;
+    nothing when off, when nothing relates, or when the tokenizer has no file separator."""
+    budget = min(options.cross_file_tokens, most)
+    separator = repo_separator(engine.token_table.vocabulary) if budget > 0 and cursor.other_files else None
+    if separator is None:
+        return []
+    snippets = select_snippets(neighbourhood(cursor.prefix), cursor.other_files, budget * 3)
+    if not snippets:
+        return []
+    tokens = engine.encode(render_files(snippets, separator, cursor.path or "current"))
+    return tokens if len(tokens) <= budget else []
 
 
 def request_for(prompt: Prompt, options: CompletionOptions) -> Request:
@@ -163,4 +184,5 @@ def complete_file(
     engine.set_document(cursor.path, cursor.prefix + cursor.suffix)
     for other_path, other_text in open_files.items():
         engine.set_document(other_path, other_text)
+    cursor = replace(cursor, other_files=tuple(open_files.items()))
     return complete(engine, cursor, options, on_text=on_text)

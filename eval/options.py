@@ -52,6 +52,7 @@ OPTION_VARIANTS: dict[str, dict] = {
     "default": {},
     "no-healing": {"healing": False},
     "no-fim": {"fim": "off"},
+    "cross-file": {"cross_file_tokens": 256},
 }
 
 

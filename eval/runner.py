@@ -51,8 +51,14 @@ def plan_methods(requested: Sequence[str], has_draft_model: bool) -> tuple[tuple
 
 
 def case_cursor(case: Case) -> Cursor:
-    """The case as a cursor: the suffix is what follows the reference (the model never sees it)."""
-    return Cursor(case.prefix, case.suffix, path=case.case_id.split(":")[0], language_id=case.language)
+    """The case as a cursor: the suffix follows the reference; its open documents are the other files."""
+    return Cursor(
+        case.prefix,
+        case.suffix,
+        path=case.case_id.split(":")[0],
+        language_id=case.language,
+        other_files=tuple(case.open_documents.items()),
+    )
 
 
 def method_row(stats: dict, raw_text: str, text: str, tokens: list[int]) -> dict:
