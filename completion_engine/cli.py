@@ -11,6 +11,7 @@ from pathlib import Path
 
 from completion_engine.completion import CompletionOptions, Cursor
 from completion_engine.drafters import DRAFT_METHODS, draft_problem
+from completion_engine.fim import FIM_CHOICES
 from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
@@ -65,6 +66,10 @@ def add_complete_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-syntax", action="store_true", help="show the raw model output, no syntax checks"
     )
+    parser.add_argument("--fim", default="auto", choices=FIM_CHOICES, help="fill-in-the-middle format")
+    parser.add_argument(
+        "--cross-file-tokens", type=int, default=0, help="budget for snippets of --open files (0: none)"
+    )
     parser.add_argument(
         "--no-healing", action="store_true", help="no token healing: continue from the prompt's last token"
     )
@@ -81,6 +86,8 @@ def completion_options(args: argparse.Namespace) -> CompletionOptions:
         seed=args.seed,
         syntax=not args.no_syntax,
         healing=not args.no_healing,
+        fim=args.fim,
+        cross_file_tokens=args.cross_file_tokens,
     )
 
 

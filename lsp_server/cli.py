@@ -9,6 +9,7 @@ import os
 import sys
 
 from completion_engine.drafters import DRAFT_METHODS, draft_problem
+from completion_engine.fim import FIM_CHOICES
 from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
@@ -67,6 +68,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     completion.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     completion.add_argument(
         "--no-syntax", action="store_true", help="do not stop or trim completions by syntax"
+    )
+    completion.add_argument("--fim", default="auto", choices=FIM_CHOICES, help="fill-in-the-middle format")
+    completion.add_argument(
+        "--cross-file-tokens", type=int, default=0, help="budget for snippets of other open documents"
     )
     completion.add_argument(
         "--no-healing", action="store_true", help="no token healing of the prompt's last token"
@@ -194,6 +199,8 @@ def _start_shared(args: argparse.Namespace):
         temperature=args.temperature,
         syntax=not args.no_syntax,
         healing=not args.no_healing,
+        fim=args.fim,
+        cross_file_tokens=args.cross_file_tokens,
     )
     counters = ServerCounters()
     corpus = CorpusFeed(limits.corpus_tokens)

@@ -159,6 +159,7 @@ class ClientSession:
             path=to_fs_path(uri) or uri,
             settings=self.settings,
             seed=next(self._seeds),
+            other_files=self._other_files(uri, doc.language_id),
         )
         reporter = None
         if on_text is not None:
@@ -179,6 +180,18 @@ class ClientSession:
         if reporter is not None:
             reporter.finish(outcome.text)
         return Completion(outcome.text, cursor, clamped)
+
+    def _other_files(self, uri: str, language_id: str) -> tuple[tuple[str, str], ...]:
+        """The client's other open documents of the same language, when cross-file context is on."""
+        if self.settings.cross_file_tokens <= 0:
+            return ()
+        others = []
+        for other in self.documents.uris:
+            if other != uri and not self.documents.is_refused(other):
+                document = self.documents.get(other)
+                if document.language_id == language_id:
+                    others.append((to_fs_path(other) or other, document.text))
+        return tuple(others)
 
 
 class _LatestText:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from completion_engine.completion import CompletionOptions
 from completion_engine.drafters import DRAFT_METHODS
+from completion_engine.fim import FIM_CHOICES
 
 MAX_NEW_TOKENS_CAP = 4096  # the engine's cache has room for about this many generated tokens
 
@@ -34,7 +35,10 @@ OPTION_FIELDS = {
     "temperature": "temperature",
     "syntax": "syntax",
     "healing": "healing",
+    "fim": "fim",
+    "crossFileTokens": "cross_file_tokens",
 }
+MAX_CROSS_FILE_TOKENS = 2048
 
 
 def apply_options(base: CompletionOptions, options: object) -> CompletionOptions:
@@ -64,6 +68,17 @@ def apply_options(base: CompletionOptions, options: object) -> CompletionOptions
         if not isinstance(options["healing"], bool):
             raise InvalidOptions(f"healing must be true or false, not {options['healing']!r:.40}")
         changes["healing"] = options["healing"]
+    if "fim" in options and options["fim"] is not None:
+        if options["fim"] not in FIM_CHOICES:
+            raise InvalidOptions(f"fim must be one of {', '.join(FIM_CHOICES)}, not {options['fim']!r:.40}")
+        changes["fim"] = options["fim"]
+    if "crossFileTokens" in options and options["crossFileTokens"] is not None:
+        value = options["crossFileTokens"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CROSS_FILE_TOKENS:
+            raise InvalidOptions(
+                f"crossFileTokens must be an integer from 0 to {MAX_CROSS_FILE_TOKENS}, not {value!r:.40}"
+            )
+        changes["cross_file_tokens"] = value
     return replace(base, **changes)
 
 

@@ -38,6 +38,7 @@ class CompletionInput:
     path: str
     settings: CompletionOptions
     seed: int = 0
+    other_files: tuple[tuple[str, str], ...] = ()  # (path, text) of the client's other open documents
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +188,9 @@ class ModelWorker:
 def completion_cursor(request_input: CompletionInput) -> Cursor:
     """The engine's cursor for a request: what `build_prompt` turns into the exact token context."""
     cursor = request_input.cursor
-    return Cursor(cursor.prefix, cursor.suffix, request_input.path, request_input.language_id)
+    return Cursor(
+        cursor.prefix, cursor.suffix, request_input.path, request_input.language_id, request_input.other_files
+    )
 
 
 def _resolve(job: CompletionJob, outcome: CompletionOutcome) -> None:

@@ -82,3 +82,11 @@ def test_percentile_nearest_rank():
     assert percentile([], 0.5) is None
     assert percentile([1.0], 0.95) == 1.0
     assert percentile([float(i) for i in range(1, 101)], 0.95) == 95.0
+
+
+def test_fim_and_cross_file_options():
+    settings = apply_options(CompletionOptions(), {"fim": "off", "crossFileTokens": 256, "healing": False})
+    assert (settings.fim, settings.cross_file_tokens, settings.healing) == ("off", 256, False)
+    for bad in ({"fim": "fancy"}, {"crossFileTokens": -1}, {"crossFileTokens": True}, {"healing": "yes"}):
+        with pytest.raises(InvalidOptions):
+            apply_options(CompletionOptions(), bad)
