@@ -99,7 +99,9 @@ class CompletionEngine:
             draft = load_model(config.draft_model, config.device, config.dtype, progress=progress)
         else:
             draft = None
-        return cls(config, target, draft)
+        engine = cls(config, target, draft)
+        _ = engine.token_table  # build it now (about a second for a 49k vocabulary), not on the first request
+        return engine
 
     @property
     def tokenizer(self):
