@@ -108,6 +108,7 @@ class TokenTable:
     special: frozenset[int]
     extendable: frozenset[str]  # texts that are a proper prefix of another token's text
     vocabulary: dict[str, int] = field(default_factory=dict)  # token string -> id (special tokens too)
+    healable: bool = True  # decoding concatenates token texts (byte-level BPE); else healing is off
     _allowed: dict[tuple[str, bool], list[int]] = field(default_factory=dict)
 
     @classmethod
@@ -127,7 +128,9 @@ class TokenTable:
         special = frozenset(int(i) for i in tokenizer.all_special_ids) | frozenset(
             int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})
         )
-        return cls.from_texts(texts, special, tokenizer.get_vocab())
+        table = cls.from_texts(texts, special, tokenizer.get_vocab())
+        table.healable = decodes_by_concatenation(tokenizer, texts)
+        return table
 
     def allowed(self, remaining: str, no_blank_after: bool = False) -> list[int]:
         key = (remaining, no_blank_after)
@@ -138,4 +141,22 @@ class TokenTable:
         return self._allowed[key]
 
     def split(self, tokens: Sequence[int]) -> tuple[list[int], str]:
+        if not self.healable:
+            return list(tokens), ""
         return heal_split(tokens, self.texts, self.extendable)
+
+
+PROBE = "def f(x):\n    return x.foo(1) + bar  # note\n\tif a == b:\n        pass\n"
+
+
+def decodes_by_concatenation(tokenizer, texts: Sequence[str]) -> bool:
+    """Does a sequence decode to its tokens' texts joined? True for byte-level BPE; SentencePiece
+    tokenizers drop the leading space of a sequence's first token, so healing's text matching would
+    not hold for them (healing stays off there)."""
+    tokens = tokenizer.encode(PROBE, add_special_tokens=False)
+    for start in range(len(tokens) - 1):
+        pair = tokens[start : start + 2]
+        decoded = tokenizer.decode(pair, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if decoded != "".join(texts[t] for t in pair):
+            return False
+    return True

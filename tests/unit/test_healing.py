@@ -145,3 +145,25 @@ def test_the_kv_cache_is_reused_while_the_user_types(tiny_target):
     typed = complete(engine, Cursor(base + "    result"), options)
     assert typed.stats.prefill_tokens <= 4
     assert complete(engine, Cursor(base + "    result ="), options).stats.prefill_tokens <= 4
+
+
+def sentencepiece_like_tokenizer():
+    """A Metaspace tokenizer (SentencePiece style, as CodeLlama and Mistral use)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Metaspace()
+    core.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False)
+    core.train_from_iterator([SOURCE], trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>")
+
+
+def test_healing_stays_off_where_decoding_is_not_concatenation(tiny_tokenizer):
+    assert TokenTable.from_tokenizer(tiny_tokenizer, len(tiny_tokenizer)).healable
+    spm = sentencepiece_like_tokenizer()
+    table = TokenTable.from_tokenizer(spm, len(spm))
+    assert not table.healable
+    tokens = spm.encode("    x = fo", add_special_tokens=False)
+    assert table.split(tokens) == (tokens, "")
