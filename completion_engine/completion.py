@@ -1,6 +1,6 @@
 """The one path from a cursor to a completion, used by the CLI, the language server and eval.
 
-    cursor ──build_prompt──> Prompt (the exact token context, healing) ──request_for──> Request
+    cursor ──build_prompt──> Prompt (other files, FIM, healing; exact tokens) ──request_for──> Request
            ──engine.stream + stop_policy──> streamed text ──finalize──> CompletionResult
 
 No torch import here (the language server imports this module): the engine is passed in.
@@ -59,7 +59,7 @@ class Cursor:
 
     prefix: str  # everything before the cursor
     suffix: str = ""  # everything after it
-    path: str = ""  # for the language (and, later, the file's name in prompts)
+    path: str = ""  # for the language, and the file's name in a cross-file prompt
     language_id: str = ""  # the editor's language id, when it sent one
     other_files: tuple[tuple[str, str], ...] = ()  # (path, text) of other open documents
 
