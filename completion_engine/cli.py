@@ -9,26 +9,22 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from completion_engine.completion import CompletionOptions, Cursor
+from completion_engine.drafters import DRAFT_METHODS, draft_problem
+from completion_engine.fim import FIM_CHOICES
 from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
     engine_config,
     resolve_draft_defaults,
 )
-from completion_engine.types import DRAFT_METHODS
 
 
 class UsageError(Exception):
     """Bad input from the command line: printed as one line, exit code 2."""
 
 
-@dataclass(frozen=True, slots=True)
-class CursorContext:
-    prefix: str  # text before the cursor
-    suffix: str  # text after it
-
-
-def split_at(text: str, line: int, col: int) -> CursorContext:
+def split_at(text: str, line: int, col: int, path: str = "") -> Cursor:
     """Split text at a 0-based (line, column) position, as LSP counts them (columns in characters here)."""
     lines = text.split("\n")
     if not 0 <= line < len(lines):
@@ -38,7 +34,7 @@ def split_at(text: str, line: int, col: int) -> CursorContext:
             f"column {col} is out of range: line {line} has {len(lines[line])} characters (0-based)"
         )
     offset = sum(len(x) + 1 for x in lines[:line]) + col
-    return CursorContext(text[:offset], text[offset:])
+    return Cursor(text[:offset], text[offset:], path=path)
 
 
 def read_source(path: str) -> str:
@@ -70,8 +66,41 @@ def add_complete_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-syntax", action="store_true", help="show the raw model output, no syntax checks"
     )
+    parser.add_argument("--fim", default="auto", choices=FIM_CHOICES, help="fill-in-the-middle format")
+    parser.add_argument(
+        "--cross-file-tokens", type=int, default=0, help="budget for snippets of --open files (0: none)"
+    )
+    parser.add_argument(
+        "--no-healing", action="store_true", help="no token healing: continue from the prompt's last token"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     add_engine_arguments(parser)
+
+
+def completion_options(args: argparse.Namespace) -> CompletionOptions:
+    return CompletionOptions(
+        draft=args.draft,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        syntax=not args.no_syntax,
+        healing=not args.no_healing,
+        fim=args.fim,
+        cross_file_tokens=args.cross_file_tokens,
+    )
+
+
+class _Printer:
+    """Prints the growing completion as deltas; remembers what it printed."""
+
+    def __init__(self) -> None:
+        self.printed = ""
+
+    def __call__(self, visible: str) -> None:
+        if visible.startswith(self.printed):
+            print(visible[len(self.printed) :], end="", flush=True)
+            self.printed = visible
 
 
 def run_complete(args: argparse.Namespace) -> int:
@@ -79,19 +108,18 @@ def run_complete(args: argparse.Namespace) -> int:
 
     resolve_draft_defaults(args)
     apply_threads_argument(args)
-    if args.draft not in DRAFT_METHODS:
-        raise UsageError(f"unknown draft method {args.draft!r}; choose one of {', '.join(DRAFT_METHODS)}")
-    if args.draft in ("model", "hybrid") and not args.draft_model:
-        raise UsageError(f"--draft {args.draft} needs --draft-model")
+    problem = draft_problem(args.draft, args.draft_model is not None)
+    if problem:
+        raise UsageError(problem)
     text = read_source(args.file)
-    cursor = split_at(text, args.line, args.col)
+    cursor = split_at(text, args.line, args.col, path=args.file)
     others = {path: read_source(path) for path in args.open}
-    on_text = None if args.json else (lambda delta: print(delta, end="", flush=True))
-    result = complete_file(engine_config(args), args, args.file, text, cursor, others, on_text)
+    printer = None if args.json else _Printer()
+    result = complete_file(engine_config(args), completion_options(args), cursor, others, printer)
     if args.json:
         print(json.dumps({"text": result.text, **result.stats.as_dict()}))
     else:
-        if result.text != result.streamed:
+        if result.text != printer.printed:
             print(f"\n--- final text (after syntax/stop checks) ---\n{result.text}", end="")
         print("\n---")
         print(format_stats(result.stats.as_dict()))

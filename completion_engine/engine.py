@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 import torch
 
 from completion_engine.config import EngineConfig
-from completion_engine.drafting import DocumentCorpus, Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
+from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
+from completion_engine.drafting.tree import first_chain
+from completion_engine.healing import TokenTable, ends_in_blank, remaining_heal, strip_heal
 from completion_engine.models import LoadedModel, check_compatible
 from completion_engine.runner import DECODE_ROWS, DecoderRunner
 from completion_engine.sampling import Sampler
@@ -78,6 +81,7 @@ class CompletionEngine:
         self.corpus = DocumentCorpus(config.ngram_min)
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
         self._model_drafter: ModelDrafter | None = None
+        self._token_table: TokenTable | None = None
         if draft is not None:
             check_compatible(target, draft)
             draft_runner = DecoderRunner(draft.weights, exact=False, capacity=capacity)
@@ -104,7 +108,9 @@ class CompletionEngine:
             draft = load_model(config.draft_model, config.device, config.dtype, progress=progress)
         else:
             draft = None
-        return cls(config, target, draft)
+        engine = cls(config, target, draft)
+        _ = engine.token_table  # build it now (about a second for a 49k vocabulary), not on the first request
+        return engine
 
     @property
     def tokenizer(self):
@@ -126,15 +132,12 @@ class CompletionEngine:
         self.corpus.remove_document(doc_id)
 
     def drafter_for(self, method: str) -> Drafter | None:
-        if method == "none":
-            return None
-        if method == "ngram":
-            return self._ngram
-        if self._model_drafter is None:
-            raise ValueError(f"draft method {method!r} needs a draft model (--draft-model)")
-        if method == "model":
-            return self._model_drafter
-        return HybridDrafter(self._ngram, self._model_drafter, self.config.hybrid_min_match)
+        """The registry's drafter for this method; ValueError for an unknown one or a missing draft model."""
+        spec = drafter_spec(method)
+        problem = draft_problem(method, self._model_drafter is not None)
+        if problem:
+            raise ValueError(problem)
+        return spec.factory(DrafterParts(self._ngram, self._model_drafter, self.config.hybrid_min_match))
 
     def stream(
         self, request: Request, cancel: threading.Event | None = None, stop_check: StopCheck | None = None
@@ -175,7 +178,7 @@ class CompletionEngine:
                 return
             logits = self._prefill(context, stats)
             stats.prefill_s = time.perf_counter() - started
-            pending = self._choose(logits[0], sampler)
+            pending = self._choose(self._constrain(request.heal, [], [], logits[:1])[0], sampler)
             chunk = self._accept(request, [pending], "none", 0, progress, stats, budget, stop_check)
             stats.ttft_s = time.perf_counter() - started
             if chunk is not None:
@@ -188,13 +191,17 @@ class CompletionEngine:
                 draft = drafter.propose(context + progress.tokens, k, sampler) if drafter and k > 0 else None
                 drafted = draft.tokens if draft else []
                 source = draft.source if draft and drafted else "none"
-                if draft is not None and draft.parents is not None and sampler is None:
+                tree = draft is not None and draft.parents is not None
+                if tree and (sampler is not None or self._healing(request.heal, progress.tokens)):
+                    drafted, tree = first_chain(draft.tokens, draft.parents), False  # these check chains
+                if tree:
                     kept, pending = self._verify_tree(pending, draft)
                     stats.tree_steps += 1
                     stats.tree_nodes += len(drafted)
                 else:
                     base = len(runner)
                     target_logits = runner.extend([pending, *drafted], all_logits=True)  # [1 + n, vocab]
+                    target_logits = self._constrain(request.heal, progress.tokens, drafted, target_logits)
                     if sampler is None:
                         accepted, pending = greedy_accept(drafted, target_logits)
                     else:
@@ -263,6 +270,38 @@ class CompletionEngine:
         logits, stats.prefill_tokens = self.target_runner.prefill(context)
         return logits
 
+    @property
+    def token_table(self) -> TokenTable:
+        """Each token's text, for token healing (built on first use)."""
+        if self._token_table is None:
+            self._token_table = TokenTable.from_tokenizer(self.target.tokenizer, self.target.vocab_size)
+        return self._token_table
+
+    def _healing(self, heal: str, generated: list[int]) -> bool:
+        """Is the healed text still being spelt (so the first tokens are constrained)?"""
+        return bool(heal) and remaining_heal(heal, self.decode(generated)) is not None
+
+    def _constrain(
+        self, heal: str, generated: list[int], drafted: list[int], logits: torch.Tensor
+    ) -> torch.Tensor:
+        """Token healing: while `heal` is not spelt yet, only tokens that go on spelling it may win.
+
+        logits: [rows, vocab]; row i predicts the token after generated + drafted[:i]. Plain decoding
+        and verification both choose through this mask, so they choose alike.
+        """
+        if not self._healing(heal, generated):
+            return logits
+        masked = logits.clone()
+        for row in range(logits.shape[0]):
+            remaining = remaining_heal(heal, self.decode([*generated, *drafted[:row]]))
+            if remaining is None:
+                break  # the text only grows: later rows are free too
+            allowed = self.token_table.allowed(remaining, ends_in_blank(heal))
+            keep = torch.tensor(allowed, dtype=torch.long)
+            masked[row] = float("-inf")
+            masked[row, keep] = logits[row, keep]
+        return masked
+
     def _choose(self, logits: torch.Tensor, sampler: Sampler | None) -> int:
         if sampler is None:
             return int(logits.argmax())
@@ -291,7 +330,7 @@ class CompletionEngine:
         """Add a step's tokens; apply EOS, length, stop strings and the stop check; return the text delta."""
         kept: list[int] = []
         for token in new_tokens:
-            if token in self.target.eos_token_ids:
+            if token in self.target.eos_token_ids or token in request.stop_tokens:
                 progress.done, stats.stop_reason = True, "eos"
                 break
             kept.append(token)
@@ -299,7 +338,7 @@ class CompletionEngine:
                 progress.done, stats.stop_reason = True, "length"
                 break
         progress.tokens.extend(kept)
-        text = self.decode(progress.tokens)
+        text = strip_heal(self.decode(progress.tokens), request.heal)
         cut = _first_stop(text, request.stop)
         if cut is not None:
             text, progress.done, stats.stop_reason = text[:cut], True, "stop"

@@ -26,7 +26,8 @@ def training_text() -> list[str]:
     return [inspect.getsource(m) for m in (argparse, dataclasses, json.decoder, textwrap)]
 
 
-def build_tokenizer(vocab_size: int = TINY_VOCAB):
+def build_tokenizer(vocab_size: int = TINY_VOCAB, extra_special: tuple[str, ...] = ()):
+    """extra_special: more special tokens, e.g. a model family's FIM tokens (for tests)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -35,12 +36,17 @@ def build_tokenizer(vocab_size: int = TINY_VOCAB):
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|im_start|>"],
+        special_tokens=["<|endoftext|>", "<|im_start|>", *extra_special],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     core.train_from_iterator(training_text(), trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|im_start|>", eos_token="<|endoftext|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<|im_start|>",
+        eos_token="<|endoftext|>",
+        additional_special_tokens=list(extra_special) or None,
+    )
 
 
 def build_model(vocab_size: int, seed: int = 0, layers: int = 2, hidden: int = 64):

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from completion_engine.drafters import DRAFT_METHODS, drafter_spec  # noqa: F401 (re-exported)
+
 if TYPE_CHECKING:  # torch stays out of the import path of anything that only needs the types
     import torch
-
-DRAFT_METHODS = ("none", "ngram", "model", "hybrid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +23,11 @@ class Request:
     top_p: float = 1.0
     seed: int = 0
     draft: str = "ngram"  # one of DRAFT_METHODS
+    stop_tokens: frozenset[int] = frozenset()  # tokens that end generation like EOS (FIM end tokens)
+    heal: str = ""  # token healing: text the first generated tokens must spell; not part of the completion
 
     def __post_init__(self) -> None:
-        if self.draft not in DRAFT_METHODS:
-            raise ValueError(f"unknown draft method {self.draft!r}; choose one of {', '.join(DRAFT_METHODS)}")
+        drafter_spec(self.draft)  # ValueError for an unknown name
         if self.max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         if self.temperature < 0:

@@ -23,6 +23,7 @@ from eval.options import (
     build_peers,
     close_peers,
     command_line,
+    eval_options,
     requested_methods,
     run_meta,
     say,
@@ -113,7 +114,7 @@ def run_configuration(
     """Run the cases in one mode x dtype (in its own subfolder); return the summary."""
     from eval.repo_completion import score_repo
     from eval.report import summarize, write_report
-    from eval.runner import CaseRunner, RunSettings
+    from eval.runner import CaseRunner
     from eval.suite import prepare_folder, run_cases
 
     exact, dtype = configuration
@@ -125,7 +126,7 @@ def run_configuration(
     prepare_folder(folder / name, meta, args.resume)
     engine = build_engine(config, not args.quiet)
     peers = build_peers(config, not args.quiet, SPEED_PEERS, args.vllm_python) if with_peers else None
-    runner = CaseRunner(engine, RunSettings(methods, args.max_new_tokens, args.repeats), score_repo, peers)
+    runner = CaseRunner(engine, eval_options(args), methods, score_repo, peers, args.repeats)
     try:
         rows = run_cases(cases, runner, folder / name, args.resume, not args.quiet, desc=name)
     finally:

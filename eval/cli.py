@@ -17,11 +17,14 @@ from pathlib import Path
 from completion_engine.defaults import default_draft_model
 from completion_engine.options import engine_config
 from eval.options import (
+    OPTION_VARIANTS,
     add_engine_arguments,
     build_engine,
     build_peers,
     close_peers,
+    eval_options,
     requested_methods,
+    requested_variants,
     run_meta,
     say,
     set_threads,
@@ -87,7 +90,7 @@ def _guarded(name: str, run, args: argparse.Namespace) -> int:
 
 def _run_eval(args: argparse.Namespace) -> int:
     from eval.report import write_report
-    from eval.runner import CaseRunner, RunSettings, plan_methods
+    from eval.runner import CaseRunner, plan_methods
     from eval.suite import out_folder, prepare_folder, run_cases
 
     set_threads(args)
@@ -105,7 +108,8 @@ def _run_eval(args: argparse.Namespace) -> int:
     say(f"{len(cases)} cases, methods {', '.join(methods)}; results in {folder}")
     engine = build_engine(config, progress)
     peers = None if args.no_peers else build_peers(config, progress, vllm=args.vllm_python)
-    runner = CaseRunner(engine, RunSettings(methods, args.max_new_tokens, args.repeats), score, peers)
+    variants = {name: OPTION_VARIANTS[name] for name in requested_variants(args)}
+    runner = CaseRunner(engine, eval_options(args), methods, score, peers, args.repeats, variants)
     try:
         rows = run_cases(cases, runner, folder, args.resume, progress, desc=args.suite)
     finally:

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from completion_engine.config import EngineConfig
+from completion_engine.drafters import DRAFT_METHODS
 from completion_engine.options import add_engine_arguments as add_shared_engine_arguments
-from completion_engine.types import DRAFT_METHODS
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, max_new_tokens: int) -> None:
@@ -36,6 +36,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser, max_new_tokens: int) -
         action="store_true",
         help="continue an interrupted run in --out (default: the latest eval/out/<suite>-*)",
     )
+    run.add_argument(
+        "--variants",
+        default="",
+        metavar="NAMES",
+        help=f"also complete every case (plain decoding) with these option variants and grade them: "
+        f"{', '.join(v for v in OPTION_VARIANTS if v != 'default')}",
+    )
     run.add_argument("--no-peers", action="store_true", help="skip the peers (HF generate(), vLLM)")
     run.add_argument(
         "--vllm-python",
@@ -48,10 +55,34 @@ def add_engine_arguments(parser: argparse.ArgumentParser, max_new_tokens: int) -
     run.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+# Completion-option variants eval can compare in one run (plain decoding per variant, same cases)
+OPTION_VARIANTS: dict[str, dict] = {
+    "default": {},
+    "no-healing": {"healing": False},
+    "no-fim": {"fim": "off"},
+    "cross-file": {"cross_file_tokens": 256},
+}
+
+
+def requested_variants(args: argparse.Namespace) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in (getattr(args, "variants", None) or "").split(",") if v.strip())
+    unknown = [v for v in names if v not in OPTION_VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(OPTION_VARIANTS)}")
+    return tuple(v for v in names if v != "default")
+
+
 def requested_methods(args: argparse.Namespace) -> list[str]:
     if not args.draft:
         return list(DRAFT_METHODS)
     return [m.strip() for value in args.draft for m in value.split(",") if m.strip()]
+
+
+def eval_options(args: argparse.Namespace):
+    """The completion options every method of a run shares (the draft method varies per method)."""
+    from completion_engine.completion import CompletionOptions
+
+    return CompletionOptions(draft="none", max_new_tokens=args.max_new_tokens)
 
 
 def build_engine(config: EngineConfig, progress: bool):
@@ -115,7 +146,7 @@ def run_meta(
     peers: bool,
 ) -> dict:
     """What a run's results depend on (a resume must match it) and the machine it ran on."""
-    from eval.stopping import stopper_description
+    from completion_engine.stopping import policy_description
     from eval.suite import machine_meta
 
     return {
@@ -126,12 +157,13 @@ def run_meta(
         "dtype": config.dtype if config.dtype != "auto" else "bfloat16 (auto)",
         "exact": config.exact,
         "methods": list(methods),
+        "variants": list(requested_variants(args)),
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "max_draft": config.max_draft,
         "max_context": config.max_context,
         "peers": peers,
-        "stopper": stopper_description(),
+        "stopper": policy_description(),
         "notes": notes,
         "seed": getattr(args, "seed", None) if root is not None else None,
         "root": str(Path(root).resolve()) if root is not None else None,

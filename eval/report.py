@@ -158,8 +158,23 @@ def accepted_histogram(rows: list[dict], method: str) -> Counter:
     return histogram
 
 
+def summarize_variants(rows: list[dict]) -> dict:
+    """Quality of each option variant (plain decoding) over the rows that ran it."""
+    names = list(dict.fromkeys(name for row in rows for name in row.get("variants", {})))
+    return {
+        name: {
+            "cases": sum(1 for row in rows if name in row.get("variants", {})),
+            "quality": summarize_quality(
+                [row["variants"][name]["metrics"] for row in rows if name in row.get("variants", {})]
+            ),
+        }
+        for name in names
+    }
+
+
 def summarize(rows: list[dict]) -> dict:
     return {
+        "variants": summarize_variants(rows),
         "cases": len(rows),
         "methods": {m: summarize_method(rows, m) for m in method_names(rows)},
         "peers": {p: summarize_peer(rows, p) for p in peer_names(rows)},
@@ -204,6 +219,9 @@ def markdown(summary: dict, meta: dict) -> str:
     quality = quality_table(summary)
     if quality:
         lines += [""] + quality
+    variants = variant_table(summary)
+    if variants:
+        lines += [""] + variants
     return "\n".join(lines) + "\n"
 
 
@@ -278,6 +296,24 @@ def quality_table(summary: dict) -> list[str]:
     for method, s in summary["methods"].items():
         cells = [_quality_cell(n, s["quality"].get(n)) for n in names]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def variant_table(summary: dict) -> list[str]:
+    """Completion-option variants, same cases, plain decoding."""
+    variants = summary.get("variants") or {}
+    names = [n for n in QUALITY_LABELS if any(n in v["quality"] for v in variants.values())]
+    if not variants or not names:
+        return []
+    lines = [
+        "Option variants (same cases, plain decoding):",
+        "",
+        "| variant | cases | " + " | ".join(QUALITY_LABELS[n] for n in names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for name, v in variants.items():
+        cells = [_quality_cell(n, v["quality"].get(n)) for n in names]
+        lines.append(f"| {name} | {v['cases']} | " + " | ".join(cells) + " |")
     return lines
 
 

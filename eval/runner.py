@@ -5,11 +5,13 @@ Per case:
 2. A cold prefill (`max_new_tokens=1`) fills the target's KV cache: its time is the case's cold
    time to first token. Every method then reuses that cache (the last logits included), so none
    pays a prefill and their decode phases (wall - prefill) compare on equal terms.
-3. `none` (plain greedy decoding) runs first, then the other methods, each with a fresh stop check.
+3. `none` (plain greedy decoding) runs first, then the other methods, each through the one completion
+   path the CLI and the server use (`completion_engine.completion.complete`): same prompt, same stop
+   policy, same final clean-up.
 4. Lossless check: under greedy decoding every method's text must equal `none`'s.
 5. The suite's score function grades each method's text (it is the same text when lossless, but a
    mismatch is graded as what it is).
-6. A one-character edit: the first character of the reference is typed after the prefix, and a
+6. A one-character edit: the first character of the reference is typed at the cursor, and a
    one-token request measures the time to first token with the KV prefix reused (the case's
    `edit_ttft_s`), as the language server sees it while the user types.
 7. Peers, when loaded (stock HF, and vLLM when installed), generate as many tokens as `none` did on
@@ -19,21 +21,15 @@ Per case:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 
-from completion_engine.types import DRAFT_METHODS, Request
+from completion_engine.completion import CompletionOptions, Cursor, Prompt, build_prompt, complete
+from completion_engine.drafters import DRAFT_METHODS, DRAFTERS, NEEDS_DRAFT_MODEL, needs_draft_model
+from completion_engine.types import Request
 from eval.cases import Case
 from eval.metrics import decode_speedup, first_difference
-from eval.stopping import make_stopper
 
 Score = Callable[[Case, str], dict]  # (case, completion) -> metrics of the completion
-
-
-@dataclass(frozen=True, slots=True)
-class RunSettings:
-    methods: tuple[str, ...]  # draft methods to run; "none" always first
-    max_new_tokens: int = 64
-    repeats: int = 1  # runs per method; the fastest counts (the least disturbed by other load)
 
 
 def plan_methods(requested: Sequence[str], has_draft_model: bool) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -42,7 +38,7 @@ def plan_methods(requested: Sequence[str], has_draft_model: bool) -> tuple[tuple
     >>> plan_methods(["ngram", "model"], False)
     (('none', 'ngram'), {'model': 'needs a draft model (--draft-model)'})
     """
-    unknown = [m for m in requested if m not in DRAFT_METHODS]
+    unknown = [m for m in requested if m not in DRAFTERS]
     if unknown:
         raise ValueError(
             f"unknown draft method(s) {', '.join(unknown)}; choose from {', '.join(DRAFT_METHODS)}"
@@ -51,11 +47,22 @@ def plan_methods(requested: Sequence[str], has_draft_model: bool) -> tuple[tuple
     for method in requested:
         if method in methods:
             continue
-        if method in ("model", "hybrid") and not has_draft_model:
-            skipped[method] = "needs a draft model (--draft-model)"
+        if needs_draft_model(method) and not has_draft_model:
+            skipped[method] = NEEDS_DRAFT_MODEL
             continue
         methods.append(method)
     return tuple(methods), skipped
+
+
+def case_cursor(case: Case) -> Cursor:
+    """The case as a cursor: the suffix follows the reference; its open documents are the other files."""
+    return Cursor(
+        case.prefix,
+        case.suffix,
+        path=case.case_id.split(":")[0],
+        language_id=case.language,
+        other_files=tuple(case.open_documents.items()),
+    )
 
 
 def method_row(stats: dict, raw_text: str, text: str, tokens: list[int]) -> dict:
@@ -118,9 +125,21 @@ def compare_to_plain(rows: dict[str, dict]) -> list[str]:
 class CaseRunner:
     """Holds the engine (and peers) for a suite; `run(case)` returns the case's result row."""
 
-    def __init__(self, engine, settings: RunSettings, score: Score, peers: Sequence = ()) -> None:
+    def __init__(
+        self,
+        engine,
+        options: CompletionOptions,
+        methods: tuple[str, ...],
+        score: Score,
+        peers: Sequence = (),
+        repeats: int = 1,
+        variants: dict[str, dict] | None = None,
+    ) -> None:
         self.engine = engine
-        self.settings = settings
+        self.options = options
+        self.methods = methods  # draft methods to run; "none" always first
+        self.repeats = repeats  # runs per method; the fastest counts (the least disturbed by other load)
+        self.variants = variants or {}  # name -> CompletionOptions overrides, graded with plain decoding
         self.score = score
         self.peers = list(peers or ())  # HfPeers, VllmPeers: each has run_case(...) -> {name: row}
         self._documents: list[str] = []
@@ -128,16 +147,18 @@ class CaseRunner:
     def run(self, case: Case) -> dict:
         engine = self.engine
         self._open_documents(case)
-        context = engine.encode(case.prefix)[-engine.config.max_context :]
+        cursor = case_cursor(case)
+        prompt = build_prompt(engine, cursor, self.options)
+        context = prompt.context
         cold = engine.complete(Request(context=context, max_new_tokens=1, draft="none")).stats
         results: dict[str, dict] = {}
         unrepeatable = []
-        for method in self.settings.methods:
-            results[method] = self._run_method(case, context, method)
+        for method in self.methods:
+            results[method] = self._run_method(cursor, prompt, method)
             if not results[method].pop("repeats_agree"):
                 unrepeatable.append(f"{method} (repeat)")  # greedy decoding must repeat itself exactly
         mismatches = compare_to_plain(results) + unrepeatable
-        edit_context = self._one_char_edit(case)
+        edit_context = self._one_char_edit(case, cursor)
         graded: dict[str, dict] = {}
         for row in results.values():
             if row["text"] not in graded:
@@ -157,6 +178,14 @@ class CaseRunner:
             "methods": results,
             "lossless": {"identical": not mismatches, "mismatches": mismatches},
         }
+        if self.variants:
+            row["variants"] = {
+                "default": {"text": results["none"]["text"], "metrics": results["none"]["metrics"]}
+            }
+            for name, overrides in self.variants.items():
+                options = replace(self.options, draft="none", **overrides)
+                text = complete(engine, cursor, options).text
+                row["variants"][name] = {"text": text, "metrics": graded.get(text) or self.score(case, text)}
         if self.peers:
             plain_tokens = results["none"]["token_ids"]
             row["peers"] = {}
@@ -164,26 +193,25 @@ class CaseRunner:
                 row["peers"].update(peers.run_case(context, len(plain_tokens), plain_tokens, edit_context))
         return row
 
-    def _one_char_edit(self, case: Case) -> list[int]:
-        """The context after typing the reference's first character at the cursor."""
+    def _one_char_edit(self, case: Case, cursor: Cursor) -> list[int]:
+        """The prompt's context after typing the reference's first character at the cursor."""
         typed = (case.reference or " ")[0]
-        return self.engine.encode(case.prefix + typed)[-self.engine.config.max_context :]
+        return build_prompt(self.engine, replace(cursor, prefix=cursor.prefix + typed), self.options).context
 
     def _after_one_char_edit(self, context: list[int]) -> dict:
         stats = self.engine.complete(Request(context=context, max_new_tokens=1, draft="none")).stats
         return {"edit_ttft_s": round(stats.ttft_s, 4), "edit_prefill_tokens": stats.prefill_tokens}
 
-    def _run_method(self, case: Case, context: list[int], method: str) -> dict:
-        """The method's fastest of `repeats` runs, each with a fresh stop check."""
-        runs = []
-        for _ in range(max(self.settings.repeats, 1)):
-            stopper = make_stopper(case.prefix, case.suffix, case.language, case.stop_mode, case.min_indent)
-            request = Request(context=context, max_new_tokens=self.settings.max_new_tokens, draft=method)
-            generation = self.engine.complete(request, stop_check=stopper.stop_at)
-            stats, raw_text = generation.stats.as_dict(), generation.text
-            runs.append(method_row(stats, raw_text, stopper.finalize(raw_text), list(generation.tokens)))
+    def _run_method(self, cursor: Cursor, prompt: Prompt, method: str) -> dict:
+        """The method's fastest of `repeats` runs."""
+        options = replace(self.options, draft=method)
+        runs, stoppers = [], set()
+        for _ in range(max(self.repeats, 1)):
+            result = complete(self.engine, cursor, options, prompt=prompt)
+            runs.append(method_row(result.stats.as_dict(), result.raw_text, result.text, result.tokens))
+            stoppers.add(result.stopper)
         best = min(runs, key=lambda run: run["decode_s"])
-        best["stopper"] = stopper.kind
+        best["stopper"] = "/".join(sorted(stoppers))
         best["repeats_agree"] = all(run["raw_text"] == runs[0]["raw_text"] for run in runs)
         if len(runs) > 1:
             best["decode_s_repeats"] = [run["decode_s"] for run in runs]

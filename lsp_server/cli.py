@@ -10,14 +10,15 @@ import secrets
 import sys
 from urllib.parse import urlsplit
 
+from completion_engine.drafters import DRAFT_METHODS, draft_problem
+from completion_engine.fim import FIM_CHOICES
 from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
     engine_config,
     resolve_draft_defaults,
 )
-from completion_engine.types import DRAFT_METHODS
-from lsp_server.settings import MAX_NEW_TOKENS_CAP, CompletionSettings, ServerLimits
+from lsp_server.settings import MAX_NEW_TOKENS_CAP, ServerLimits
 
 DEFAULT_PORT = 8765
 TOKEN_ENV = "SPEC_COMPLETE_TOKEN"
@@ -84,6 +85,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     completion.add_argument(
         "--no-syntax", action="store_true", help="do not stop or trim completions by syntax"
     )
+    completion.add_argument("--fim", default="auto", choices=FIM_CHOICES, help="fill-in-the-middle format")
+    completion.add_argument(
+        "--cross-file-tokens", type=int, default=0, help="budget for snippets of other open documents"
+    )
+    completion.add_argument(
+        "--no-healing", action="store_true", help="no token healing of the prompt's last token"
+    )
 
     limits = parser.add_argument_group("limits")
     defaults = ServerLimits()
@@ -135,8 +143,9 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
     if not 0 <= args.port <= 65535:
         return f"--port must be 0..65535, not {args.port}"
     resolve_draft_defaults(args)
-    if args.draft in ("model", "hybrid") and not args.draft_model:
-        return f"--draft {args.draft} needs --draft-model"
+    problem = draft_problem(args.draft, args.draft_model is not None)
+    if problem:
+        return problem
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS_CAP:
         return f"--max-new-tokens must be 1..{MAX_NEW_TOKENS_CAP}"
     for name in (
@@ -221,6 +230,7 @@ def _run_ws(shared, args: argparse.Namespace) -> int:
 
 def _start_shared(args: argparse.Namespace):
     """Load the engine and start the model worker (the slow part: imports torch, loads weights)."""
+    from completion_engine.completion import CompletionOptions
     from completion_engine.engine import CompletionEngine
     from lsp_server.corpus import CorpusFeed
     from lsp_server.session import SharedState
@@ -236,11 +246,14 @@ def _start_shared(args: argparse.Namespace):
         corpus_tokens=args.corpus_tokens,
         max_clients=args.max_clients,
     )
-    defaults = CompletionSettings(
+    defaults = CompletionOptions(
         draft=args.draft,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         syntax=not args.no_syntax,
+        healing=not args.no_healing,
+        fim=args.fim,
+        cross_file_tokens=args.cross_file_tokens,
     )
     counters = ServerCounters()
     corpus = CorpusFeed(limits.corpus_tokens)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
+from completion_engine.completion import CompletionOptions
+from completion_engine.drafters import needs_draft_model
 from completion_engine.types import Stats
 from lsp_server.corpus import CorpusFeed
 from lsp_server.documents import (
@@ -28,7 +30,7 @@ from lsp_server.documents import (
     offset_at,
     units_of,
 )
-from lsp_server.settings import CompletionSettings, InvalidOptions, ServerLimits, apply_options
+from lsp_server.settings import InvalidOptions, ServerLimits, apply_options
 from lsp_server.stats import RecentRequests, ServerCounters
 from lsp_server.worker import CompletionInput, CompletionJob, CompletionOutcome, ModelWorker, WarmJob
 
@@ -52,7 +54,7 @@ class SharedState:
     corpus: CorpusFeed
     counters: ServerCounters
     limits: ServerLimits
-    defaults: CompletionSettings
+    defaults: CompletionOptions
     model: dict  # target, draft model, device: reported by specComplete/stats
     draft_model_loaded: bool
     clients: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -124,7 +126,7 @@ class ClientSession:
     def configure(self, options: object, position_encoding: str | None = None) -> None:
         """Apply initializationOptions (or a configuration change); raises InvalidOptions."""
         settings = apply_options(self.settings, options)
-        if settings.draft in ("model", "hybrid") and not self.shared.draft_model_loaded:
+        if needs_draft_model(settings.draft) and not self.shared.draft_model_loaded:
             raise InvalidOptions(
                 f"draft {settings.draft!r} needs a draft model; this server was started without --draft-model"
             )
@@ -218,7 +220,25 @@ class ClientSession:
         if uri not in self.documents or self.documents.is_refused(uri):
             return
         text = self.documents.get(uri).text
-        self.shared.worker.warm(WarmJob(self.id, uri, text if cursor is None else text[:cursor]))
+        offset = len(text) if cursor is None else min(cursor, len(text))
+        line_start = text.rfind("\n", 0, offset) + 1
+        around = CursorContext(
+            prefix=text[:offset], suffix=text[offset:], line_prefix=text[line_start:offset]
+        )
+        self.shared.worker.warm(WarmJob(self.id, self._input(uri, around, seed=0)))
+
+    def _input(self, uri: str, cursor: CursorContext, seed: int) -> CompletionInput:
+        """What the worker needs for a completion at `cursor` (a warm-up builds the same)."""
+        doc = self.documents.get(uri)
+        return CompletionInput(
+            uri=uri,
+            cursor=cursor,
+            language_id=doc.language_id,
+            path=to_fs_path(uri) or uri,
+            settings=self.settings,
+            seed=seed,
+            other_files=self._other_files(uri, doc.language_id),
+        )
 
     # -- completions -----------------------------------------------------------------------------
 
@@ -234,14 +254,7 @@ class ClientSession:
         doc = self.documents.get(uri)
         cursor = cursor_context(doc.text, position.line, position.character, self.documents.encoding)
         clamped = types.Position(position.line, units_of(cursor.line_prefix, self.documents.encoding))
-        request = CompletionInput(
-            uri=uri,
-            cursor=cursor,
-            language_id=doc.language_id,
-            path=to_fs_path(uri) or uri,
-            settings=self.settings,
-            seed=next(self._seeds),
-        )
+        request = self._input(uri, cursor, seed=next(self._seeds))
         reporter = None
         if on_text is not None:
             reporter = _LatestText(
@@ -268,6 +281,18 @@ class ClientSession:
     def _remember(self, uri: str, done: Future) -> None:  # worker thread
         if not done.cancelled() and done.exception() is None and done.result().stats != Stats():
             self.recent.add(uri, done.result().stats)
+
+    def _other_files(self, uri: str, language_id: str) -> tuple[tuple[str, str], ...]:
+        """The client's other open documents of the same language, when cross-file context is on."""
+        if self.settings.cross_file_tokens <= 0:
+            return ()
+        others = []
+        for other in self.documents.uris:
+            if other != uri and not self.documents.is_refused(other):
+                document = self.documents.get(other)
+                if document.language_id == language_id:
+                    others.append((to_fs_path(other) or other, document.text))
+        return tuple(others)
 
 
 class _LatestText:

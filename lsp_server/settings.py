@@ -5,23 +5,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from completion_engine.types import DRAFT_METHODS
+from completion_engine.completion import CompletionOptions
+from completion_engine.drafters import DRAFT_METHODS
+from completion_engine.fim import FIM_CHOICES
 
 MAX_NEW_TOKENS_CAP = 4096  # the engine's cache has room for about this many generated tokens
 
 
 class InvalidOptions(ValueError):
     """A client's options could not be used; the message names the key and what it accepts."""
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionSettings:
-    """How one client's completions are generated (initializationOptions may override each field)."""
-
-    draft: str = "ngram"  # one of DRAFT_METHODS
-    max_new_tokens: int = 64
-    temperature: float = 0.0  # 0: greedy
-    syntax: bool = True  # stop and trim completions with the syntax module (or the blank-line fallback)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,19 +30,23 @@ class ServerLimits:
     max_message_bytes: int = 8 * 1024 * 1024  # one JSON-RPC message; larger ones are dropped unread
 
 
-# initializationOptions key -> CompletionSettings field
+# initializationOptions key -> CompletionOptions field (the engine's one options record)
 OPTION_FIELDS = {
     "draft": "draft",
     "maxNewTokens": "max_new_tokens",
     "temperature": "temperature",
     "syntax": "syntax",
+    "healing": "healing",
+    "fim": "fim",
+    "crossFileTokens": "cross_file_tokens",
 }
+MAX_CROSS_FILE_TOKENS = 2048
 
 
-def apply_options(base: CompletionSettings, options: object) -> CompletionSettings:
-    """The settings with a client's options applied; unknown keys are ignored, bad values raise.
+def apply_options(base: CompletionOptions, options: object) -> CompletionOptions:
+    """The options with a client's options applied; unknown keys are ignored, bad values raise.
 
-    >>> apply_options(CompletionSettings(), {"maxNewTokens": 16, "syntax": False}).max_new_tokens
+    >>> apply_options(CompletionOptions(), {"maxNewTokens": 16, "syntax": False}).max_new_tokens
     16
     """
     if options is None:
@@ -70,6 +66,21 @@ def apply_options(base: CompletionSettings, options: object) -> CompletionSettin
         if not isinstance(options["syntax"], bool):
             raise InvalidOptions(f"syntax must be true or false, not {options['syntax']!r:.40}")
         changes["syntax"] = options["syntax"]
+    if "healing" in options and options["healing"] is not None:
+        if not isinstance(options["healing"], bool):
+            raise InvalidOptions(f"healing must be true or false, not {options['healing']!r:.40}")
+        changes["healing"] = options["healing"]
+    if "fim" in options and options["fim"] is not None:
+        if options["fim"] not in FIM_CHOICES:
+            raise InvalidOptions(f"fim must be one of {', '.join(FIM_CHOICES)}, not {options['fim']!r:.40}")
+        changes["fim"] = options["fim"]
+    if "crossFileTokens" in options and options["crossFileTokens"] is not None:
+        value = options["crossFileTokens"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CROSS_FILE_TOKENS:
+            raise InvalidOptions(
+                f"crossFileTokens must be an integer from 0 to {MAX_CROSS_FILE_TOKENS}, not {value!r:.40}"
+            )
+        changes["cross_file_tokens"] = value
     return replace(base, **changes)
 
 

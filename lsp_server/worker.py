@@ -16,20 +16,16 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from completion_engine.types import Request, Stats
+from completion_engine.completion import CompletionOptions, Cursor, build_prompt, complete
+from completion_engine.types import Stats
 from lsp_server.corpus import CorpusFeed
 from lsp_server.documents import CursorContext
 from lsp_server.fair_queue import FairQueue, QueueFull
-from lsp_server.prompt import prompt_window, stable_tail
-from lsp_server.settings import CompletionSettings
 from lsp_server.stats import ServerCounters
-from lsp_server.stopping import shaper_for
 
 logger = logging.getLogger(__name__)
-
-CHARS_PER_CONTEXT_TOKEN = 6  # generous: code averages 3-4 characters per token
 
 
 class ServerBusy(Exception):
@@ -44,8 +40,9 @@ class CompletionInput:
     cursor: CursorContext
     language_id: str
     path: str
-    settings: CompletionSettings
+    settings: CompletionOptions
     seed: int = 0
+    other_files: tuple[tuple[str, str], ...] = ()  # (path, text) of the client's other open documents
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +76,10 @@ class CompletionJob:
 
 @dataclass(slots=True, eq=False)
 class WarmJob:
-    """Prefill the context a request with this text before the cursor would use."""
+    """Prefill the context that a request with this input would use."""
 
     client: int
-    uri: str
-    prefix: str
+    input: CompletionInput  # as a completion at the edit would send it
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -198,25 +194,15 @@ class ModelWorker:
         engine = self.engine
         self.corpus.sync(engine, engine.corpus.set_document)
         request_input = job.input
-        settings = request_input.settings
-        context = self._context_for(request_input.cursor.prefix)
-        shaper = shaper_for(
-            request_input.cursor, request_input.language_id, request_input.path, settings.syntax
+        result = complete(
+            engine,
+            completion_cursor(request_input),
+            replace(request_input.settings, seed=request_input.seed),
+            cancel=job.cancel,
+            on_text=job.on_text,
         )
-        request = Request(
-            context=context,
-            max_new_tokens=settings.max_new_tokens,
-            temperature=settings.temperature,
-            seed=request_input.seed,
-            draft=settings.draft,
-        )
-        generation = engine.stream(request, cancel=job.cancel, stop_check=shaper.stop_at)
-        for chunk in generation:
-            if job.on_text is not None and chunk.text:
-                job.on_text(shaper.visible(generation.text))
-        cancelled = generation.stats.stop_reason == "cancelled"
-        self.counters.record(generation.stats, request_input.uri, cancelled)
-        stats = generation.stats
+        stats = result.stats
+        self.counters.record(stats, request_input.uri, result.cancelled)
         logger.info(
             "%s: %d tokens, prefill %d, ttft %.3fs, %.3fs, %s%s",
             request_input.uri,
@@ -225,32 +211,37 @@ class ModelWorker:
             stats.ttft_s,
             stats.wall_s,
             stats.stop_reason,
-            f" ({job.reason})" if cancelled else "",
+            f" ({job.reason})" if result.cancelled else "",
         )
-        if cancelled:
+        if result.cancelled:
             self.counters.count("cancelled")
-            return CompletionOutcome(generation.text, generation.stats, cancelled=True, reason=job.reason)
-        return CompletionOutcome(shaper.finalize(generation.text), generation.stats)
-
-    def _context_for(self, prefix: str) -> list[int]:
-        """The token context of a request with this text before the cursor (warm-ups use it too)."""
-        max_context = self.engine.config.max_context
-        prompt = prompt_window(prefix, max_context * CHARS_PER_CONTEXT_TOKEN)
-        return stable_tail(self.engine.encode(prompt), max_context)
+            return CompletionOutcome(result.raw_text, stats, cancelled=True, reason=job.reason)
+        return CompletionOutcome(result.text, stats)
 
     def _run_warm(self, warm: WarmJob) -> None:
         if warm.cancel.is_set():
             return
         try:
-            computed = self.engine.warm(self._context_for(warm.prefix), warm.cancel)
+            # the very prompt a request with this input builds (healing, FIM and other files included)
+            options = replace(warm.input.settings, seed=warm.input.seed)
+            prompt = build_prompt(self.engine, completion_cursor(warm.input), options)
+            computed = self.engine.warm(prompt.context, warm.cancel)
         except Exception:  # a failed warm-up costs only time: the request computes what it needs
-            logger.exception("warm-up for %s failed", warm.uri)
+            logger.exception("warm-up for %s failed", warm.input.uri)
             return
         self.counters.count_warmup(computed, cancelled=warm.cancel.is_set())
 
     def _finish_cancelled(self, job: CompletionJob) -> None:
         self.counters.count("cancelled")
         _resolve(job, CompletionOutcome("", Stats(), cancelled=True, reason=job.reason))
+
+
+def completion_cursor(request_input: CompletionInput) -> Cursor:
+    """The engine's cursor for a request: what `build_prompt` turns into the exact token context."""
+    cursor = request_input.cursor
+    return Cursor(
+        cursor.prefix, cursor.suffix, request_input.path, request_input.language_id, request_input.other_files
+    )
 
 
 def _resolve(job: CompletionJob, outcome: CompletionOutcome) -> None:

@@ -71,3 +71,18 @@ def candidate_tree(continuations: Sequence[Continuation], budget: int) -> tuple[
         for child in children[node].values():
             heapq.heappush(frontier, (negative_p * DECAY * weights[child] / weights[node], child))
     return [trie_tokens[n] for n in kept], [index_of[trie_parents[n]] for n in kept]
+
+
+def first_chain(tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
+    """The tree's first root-to-leaf chain (first child each time): a chain for chain-only verifiers.
+
+    >>> first_chain([5, 6, 7, 8], [-1, 0, 1, 0])
+    [5, 6, 7]
+    """
+    chain: list[int] = []
+    node = -1
+    for index, parent in enumerate(parents):
+        if parent == node:
+            chain.append(tokens[index])
+            node = index
+    return chain

@@ -73,7 +73,7 @@ def test_streams_text_then_prints_stats(capsys):
         ([SAMPLE, "--line", "999", "--col", "0"], "line 999 is out of range"),
         ([SAMPLE, "--line", "0", "--col", "500"], "column 500 is out of range"),
         ([SAMPLE, "--line", "0", "--col", "0", "--draft", "magic"], "unknown draft method"),
-        ([SAMPLE, "--line", "0", "--col", "0", "--draft", "model"], "needs --draft-model"),
+        ([SAMPLE, "--line", "0", "--col", "0", "--draft", "model"], "needs a draft model (--draft-model)"),
         ([SAMPLE, "--line", "0", "--col", "0", "--target", "/nonexistent/model"], "model not found"),
     ],
 )

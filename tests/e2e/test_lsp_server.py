@@ -507,3 +507,21 @@ async def test_binding_beyond_loopback_needs_a_flag_and_a_token(flags, reason):
     _, stderr = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 2
     assert reason in stderr.decode()
+
+
+async def test_cross_file_and_fim_options_reach_the_completion_path(ws_server):
+    """Other open documents travel with the request when crossFileTokens is on (the tiny model has no
+    file separator token, so the prompt stays the same: the answer must not change)."""
+    plain = await connect_ws(ws_server, SHORT)
+    with_files = await connect_ws(ws_server, {**SHORT, "crossFileTokens": 256, "fim": "auto"})
+    try:
+        texts = []
+        for connection in (plain, with_files):
+            uri, other = unique_uri("cursor"), unique_uri("other")
+            connection.open(other, SOURCE)
+            connection.open(uri, SOURCE)
+            texts.append((await connection.inline(uri, 1, 12))["result"]["items"][0]["insertText"])
+        assert texts[0] == texts[1]
+    finally:
+        await plain.kill()
+        await with_files.kill()

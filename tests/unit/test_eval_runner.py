@@ -2,10 +2,11 @@
 
 import pytest
 
+from completion_engine.completion import CompletionOptions
 from completion_engine.config import EngineConfig
 from completion_engine.engine import CompletionEngine
 from eval.cases import BODY, STATEMENT, Case
-from eval.runner import CaseRunner, RunSettings, compare_to_plain, plan_methods, tokens_agree
+from eval.runner import CaseRunner, compare_to_plain, plan_methods, tokens_agree
 from eval.suite import ResumeError, prepare_folder, run_cases
 
 SOURCE = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
@@ -57,7 +58,7 @@ def test_compare_to_plain_flags_a_different_text():
 
 
 def test_every_method_runs_on_a_case_and_matches_plain_decoding(engine):
-    runner = CaseRunner(engine, RunSettings(("none", "ngram"), max_new_tokens=12), score)
+    runner = CaseRunner(engine, CompletionOptions(max_new_tokens=12), ("none", "ngram"), score)
     row = runner.run(case())
     assert row["case_id"] == "m.py:5:0:body"
     assert set(row["methods"]) == {"none", "ngram"}
@@ -72,7 +73,7 @@ def test_every_method_runs_on_a_case_and_matches_plain_decoding(engine):
 
 
 def test_open_documents_follow_the_case(engine):
-    runner = CaseRunner(engine, RunSettings(("none",), max_new_tokens=2), score)
+    runner = CaseRunner(engine, CompletionOptions(max_new_tokens=2), ("none",), score)
     runner.run(case())
     assert "other.py" in engine.corpus
     runner.run(Case("s.py:1:0:statement", STATEMENT, "x = (", "1)", open_documents={"else.py": "y = 2\n"}))
@@ -113,9 +114,25 @@ def test_a_new_run_does_not_overwrite_results_and_a_resume_keeps_its_settings(tm
 
 
 def test_repeats_keep_the_fastest_run_and_check_that_greedy_repeats_itself(engine):
-    runner = CaseRunner(engine, RunSettings(("none", "ngram"), max_new_tokens=6, repeats=2), score)
+    runner = CaseRunner(engine, CompletionOptions(max_new_tokens=6), ("none", "ngram"), score, repeats=2)
     row = runner.run(case())
     for result in row["methods"].values():
         assert len(result["decode_s_repeats"]) == 2
         assert result["decode_s"] == min(result["decode_s_repeats"])
     assert row["lossless"]["identical"]
+
+
+def test_option_variants_are_graded_on_the_same_case(engine):
+    from eval.report import summarize_variants, variant_table
+
+    variants = {"no-healing": {"healing": False}, "no-fim": {"fim": "off"}}
+    runner = CaseRunner(engine, CompletionOptions(max_new_tokens=6), ("none",), score, variants=variants)
+    row = runner.run(case())
+    assert list(row["variants"]) == ["default", "no-healing", "no-fim"]
+    assert row["variants"]["default"]["text"] == row["methods"]["none"]["text"]
+    assert row["variants"]["no-fim"]["text"] == row["methods"]["none"]["text"]  # the tiny model has no FIM
+    summary = summarize_variants([row])
+    assert summary["no-healing"]["cases"] == 1
+    table = variant_table({"variants": summary})
+    assert table[2] == "| variant | cases | edit similarity |"
+    assert table[-1] == "| no-fim | 1 | 0.000 |"

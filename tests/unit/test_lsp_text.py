@@ -3,12 +3,12 @@
 import pytest
 from lsprotocol import types
 
-from lsp_server.documents import CursorContext
-from lsp_server.prompt import prompt_window, stable_tail
+from completion_engine.completion import CompletionOptions
+from completion_engine.prompt import prompt_window, stable_tail
+from completion_engine.stopping import fallback_stop, indentation, stop_policy
 from lsp_server.results import completion_result, inline_result, word_before
-from lsp_server.settings import CompletionSettings, InvalidOptions, apply_options
+from lsp_server.settings import InvalidOptions, apply_options
 from lsp_server.stats import percentile
-from lsp_server.stopping import fallback_stop, indentation, shaper_for
 
 
 def test_prompt_window_start_stays_put_while_typing():
@@ -40,11 +40,10 @@ def test_fallback_stop(completion, indent, keep):
     assert fallback_stop(completion, indent) == keep
 
 
-def test_shaper_off_keeps_the_raw_completion():
-    cursor = CursorContext(prefix="def f():\n    ", suffix="", line_prefix="    ")
-    raw = shaper_for(cursor, "python", "/x.py", syntax=False)
+def test_policy_off_keeps_the_raw_completion():
+    raw = stop_policy("def f():\n    ", "", "python", "/x.py", syntax=False)
     assert raw.stop_at is None and raw.finalize("a\n\nb ") == "a\n\nb "
-    on = shaper_for(cursor, "python", "/x.py", syntax=True)
+    on = stop_policy("def f():\n    ", "", "python", "/x.py", syntax=True)
     assert on.stop_at is not None
     assert indentation("    ") == 4
 
@@ -63,7 +62,7 @@ def test_results_carry_the_same_text():
 
 
 def test_options_override_settings_and_bad_values_say_what_is_accepted():
-    settings = apply_options(CompletionSettings(), {"draft": "none", "maxNewTokens": 8, "temperature": 0.5})
+    settings = apply_options(CompletionOptions(), {"draft": "none", "maxNewTokens": 8, "temperature": 0.5})
     assert (settings.draft, settings.max_new_tokens, settings.temperature) == ("none", 8, 0.5)
     assert apply_options(settings, None) is settings
     assert apply_options(settings, {"unknown": 1}) == settings
@@ -83,3 +82,11 @@ def test_percentile_nearest_rank():
     assert percentile([], 0.5) is None
     assert percentile([1.0], 0.95) == 1.0
     assert percentile([float(i) for i in range(1, 101)], 0.95) == 95.0
+
+
+def test_fim_and_cross_file_options():
+    settings = apply_options(CompletionOptions(), {"fim": "off", "crossFileTokens": 256, "healing": False})
+    assert (settings.fim, settings.cross_file_tokens, settings.healing) == ("off", 256, False)
+    for bad in ({"fim": "fancy"}, {"crossFileTokens": -1}, {"crossFileTokens": True}, {"healing": "yes"}):
+        with pytest.raises(InvalidOptions):
+            apply_options(CompletionOptions(), bad)

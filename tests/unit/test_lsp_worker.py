@@ -5,11 +5,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from completion_engine.completion import CompletionOptions
+from completion_engine.healing import TokenTable
 from completion_engine.types import Chunk, Stats
 from lsp_server.corpus import CorpusFeed
 from lsp_server.documents import CursorContext
 from lsp_server.fair_queue import FairQueue, QueueFull
-from lsp_server.settings import CompletionSettings
 from lsp_server.stats import ServerCounters
 from lsp_server.worker import CompletionInput, CompletionJob, ModelWorker, ServerBusy, WarmJob
 
@@ -21,6 +22,7 @@ class FakeGeneration:
         self.engine, self.request, self.cancel = engine, request, cancel
         self.stats = Stats()
         self.text = ""
+        self.tokens: list[int] = []
 
     def __iter__(self):
         self.engine.started.put(self.request.context)
@@ -33,6 +35,7 @@ class FakeGeneration:
             if self.engine.fail:
                 raise RuntimeError("boom")
             self.text += "x"
+            self.tokens.append(1)
             self.stats.tokens += 1
             yield Chunk(text="x", tokens=[1], source="none", accepted=0)
         self.stats.stop_reason = "length"
@@ -43,6 +46,7 @@ class FakeEngine:
         import queue
 
         self.config = SimpleNamespace(max_context=4096)
+        self.token_table = TokenTable.from_texts([chr(i) for i in range(256)])  # no token extends another
         self.corpus = SimpleNamespace(
             set_document=lambda doc_id, tokens: self.documents.__setitem__(doc_id, tokens)
         )
@@ -89,9 +93,16 @@ def worker():
 
 
 def job(client: int, uri: str, tokens: int = 3) -> CompletionJob:
-    settings = CompletionSettings(max_new_tokens=tokens, syntax=False)
+    settings = CompletionOptions(max_new_tokens=tokens, syntax=False)
     cursor = CursorContext(prefix=f"{uri}:", suffix="", line_prefix="")
     return CompletionJob(client=client, input=CompletionInput(uri, cursor, "python", "/x.py", settings))
+
+
+def warm_job(prefix: str) -> WarmJob:
+    """A warm-up for a completion after `prefix` in a.py (healing off: the context is the prefix's)."""
+    settings = CompletionOptions(max_new_tokens=3, syntax=False, healing=False)
+    cursor = CursorContext(prefix=prefix, suffix="", line_prefix=prefix)
+    return WarmJob(1, CompletionInput("a.py", cursor, "python", "/a.py", settings))
 
 
 def test_a_job_runs_to_the_end(worker):
@@ -196,7 +207,7 @@ def test_corpus_feed_is_lazy_and_bounded():
 
 def test_an_idle_worker_warms_up_the_context_of_the_next_request(worker):
     engine = worker.engine
-    worker.warm(WarmJob(1, "a.py", prefix="abc"))
+    worker.warm(warm_job("abc"))
     assert engine.warming.get(timeout=WAIT) == [ord(c) for c in "abc"]  # the context a request would use
     for _ in range(3):
         engine.warm_steps.release()
@@ -207,7 +218,7 @@ def test_an_idle_worker_warms_up_the_context_of_the_next_request(worker):
 
 def test_a_request_cancels_a_running_warm_up_and_runs_first(worker):
     engine = worker.engine
-    worker.warm(WarmJob(1, "a.py", prefix="abcdef"))
+    worker.warm(warm_job("abcdef"))
     engine.warming.get(timeout=WAIT)
     engine.warm_steps.release()  # one 'forward' done
     running = job(2, "b.py", tokens=1)
@@ -224,8 +235,8 @@ def test_a_newer_warm_up_replaces_a_pending_one(worker):
     blocker = job(1, "busy.py", tokens=2)
     worker.submit(blocker)
     engine.started.get(timeout=WAIT)  # the worker is busy: warm-ups wait
-    worker.warm(WarmJob(1, "a.py", prefix="old"))
-    worker.warm(WarmJob(1, "a.py", prefix="new!"))
+    worker.warm(warm_job("old"))
+    worker.warm(warm_job("new!"))
     engine.steps.release()
     blocker.result.result(timeout=WAIT)
     assert engine.warming.get(timeout=WAIT) == [ord(c) for c in "new!"]

@@ -14,8 +14,12 @@ TOKENS_PER_STEP = 256
 def prompt_window(prefix: str, max_chars: int, block: int = CHARS_PER_BLOCK) -> str:
     """The end of `prefix` to tokenise: from a line start after a block-aligned cut, about max_chars long.
 
+    The cut falls at offset 4 (inside "cd"); the window starts at the next line:
+
     >>> prompt_window("ab\\ncd\\nef", max_chars=4, block=2)
-    'cd\\nef'
+    'ef'
+    >>> prompt_window("ab\\ncd\\nef", max_chars=8, block=2)
+    'ab\\ncd\\nef'
     """
     if len(prefix) <= max_chars:
         return prefix
@@ -27,7 +31,11 @@ def prompt_window(prefix: str, max_chars: int, block: int = CHARS_PER_BLOCK) -> 
 def stable_tail(tokens: list[int], max_tokens: int, step: int = TOKENS_PER_STEP) -> list[int]:
     """At most max_tokens from the end, dropped from the front in whole steps so the start rarely moves.
 
+    Two tokens too many: one whole step of 2 goes.
+
     >>> stable_tail([1, 2, 3, 4, 5, 6, 7], max_tokens=5, step=2)
+    [3, 4, 5, 6, 7]
+    >>> stable_tail([1, 2, 3, 4, 5, 6, 7], max_tokens=4, step=2)
     [5, 6, 7]
     """
     if len(tokens) <= max_tokens:
