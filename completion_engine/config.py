@@ -20,3 +20,4 @@ class EngineConfig:
     hybrid_min_match: int = 3  # hybrid: an n-gram match this long wins over the draft model
     draft_min_prob: float = 0.3  # model drafter stops when its top probability falls below this
     max_context: int = 4096  # tokens of context kept (the oldest are cut)
+    kept_outputs: int = 32  # earlier completions kept in the n-gram corpus for drafting (0: none)

@@ -24,6 +24,10 @@ from completion_engine.verify import greedy_accept, greedy_accept_tree, rejectio
 StopCheck = Callable[[str], "int | None"]  # completion so far -> None (go on) or chars to keep (stop)
 
 GENERATION_ROOM = 512  # cache positions kept free beyond max_context for generated and drafted tokens
+# Earlier completions stay in the n-gram corpus (EngineConfig.kept_outputs of them), each with the
+# context tokens just before it, so a request superseded while the user types through it, or asked
+# again, drafts from what it wrote.
+OUTPUT_LEAD = 16  # context tokens kept before each output (what a later tail matches against)
 
 
 @dataclass(slots=True)
@@ -82,6 +86,7 @@ class CompletionEngine:
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
         self._model_drafter: ModelDrafter | None = None
         self._token_table: TokenTable | None = None
+        self._outputs = 0  # completions kept in the corpus so far (see _keep_output)
         if draft is not None:
             check_compatible(target, draft)
             draft_runner = DecoderRunner(draft.weights, exact=False, capacity=capacity)
@@ -232,6 +237,7 @@ class CompletionEngine:
             stats.target_forwards = runner.forwards - forwards_before
             stats.tokens = len(progress.tokens)
             stats.wall_s = time.perf_counter() - started
+            self._keep_output(context, progress.tokens)
 
     def warm(self, context: Sequence[int], cancel: threading.Event | None = None) -> int:
         """Prefill ahead of a request for `context`, so that it finds its KV prefix ready.
@@ -244,6 +250,14 @@ class CompletionEngine:
         if self._model_drafter is not None:
             self._model_drafter.warm(context)
         return self.target_runner.prefill(context, cancel)[1]
+
+    def _keep_output(self, context: list[int], tokens: list[int]) -> None:
+        """Put a completion into the corpus as an "output" document, replacing the oldest kept one."""
+        if len(tokens) < 2 or self.config.kept_outputs <= 0:
+            return
+        self._outputs += 1
+        slot = self._outputs % self.config.kept_outputs
+        self.corpus.set_document(f"@output/{slot}", context[-OUTPUT_LEAD:] + tokens)
 
     def _verify_tree(self, pending: int, draft: Draft) -> tuple[list[int], int]:
         """Verify a token tree after the pending token; keep the path greedy decoding takes.

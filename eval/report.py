@@ -56,9 +56,13 @@ def summarize_method(rows: list[dict], method: str) -> dict:
             totals = by_source.setdefault(source, [0, 0])
             totals[0] += s["drafted"]
             totals[1] += s["accepted"]
+    tree_steps = sum(r["stats"].get("tree_steps", 0) for _, r in runs)
+    tree_nodes = sum(r["stats"].get("tree_nodes", 0) for _, r in runs)
     return {
         "cases": len(runs),
         "tokens": tokens,
+        "tree_steps": tree_steps,
+        "mean_tree_nodes": round(tree_nodes / tree_steps, 2) if tree_steps else None,
         "decode_s": round(decode_s, 4),
         "decode_tokens_per_s": round(tokens / decode_s, 2) if decode_s > 0 else 0.0,
         "speedup": round(plain_decode_s / decode_s, 3) if decode_s > 0 else None,
@@ -244,6 +248,8 @@ def speed_table(summary: dict) -> list[str]:
     ]
     for method, s in summary["methods"].items():
         acceptance = ", ".join(f"{src} {rate:.0%}" for src, rate in s["acceptance_rate"].items()) or "-"
+        if s.get("tree_steps"):
+            acceptance += f"; {s['tree_steps']} trees of {s['mean_tree_nodes']:.1f} nodes"
         lines.append(
             f"| {method} | {s['cases']} | {s['decode_tokens_per_s']:.1f} | "
             f"{_ratio(s['decode_tokens_per_s'], hf_plain)} | {_fmt(s['speedup'])}x "

@@ -159,7 +159,9 @@ def bwrap_command(folder: str, prefix: str, status_fd: int, as_root: bool) -> li
 
 
 def _ancestors(path: str) -> list[str]:
-    """>>> _ancestors("/root/.pyenv/versions")
+    """The folders above `path`, the root first.
+
+    >>> _ancestors("/root/.pyenv/versions")
     ['/', '/root', '/root/.pyenv']
     """
     parents, parent = [], os.path.dirname(path)

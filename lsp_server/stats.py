@@ -39,6 +39,8 @@ class _Totals:
     tokens: int = 0
     target_forwards: int = 0
     prefill_tokens: int = 0
+    tree_steps: int = 0  # verify steps that checked a token tree
+    tree_nodes: int = 0  # drafted tokens in those trees
     generation_s: float = 0.0
     warmups: int = 0  # background prefills run while the user typed or read
     warmups_cancelled: int = 0  # of them, cut short by a request
@@ -78,6 +80,8 @@ class ServerCounters:
             t.tokens += stats.tokens
             t.target_forwards += stats.target_forwards
             t.prefill_tokens += stats.prefill_tokens
+            t.tree_steps += stats.tree_steps
+            t.tree_nodes += stats.tree_nodes
             t.generation_s += stats.wall_s
             for name, source in stats.by_source.items():
                 t.drafted[name] = t.drafted.get(name, 0) + source.drafted
@@ -102,6 +106,8 @@ class ServerCounters:
                 "tokens": t.tokens,
                 "target_forwards": t.target_forwards,
                 "prefill_tokens": t.prefill_tokens,
+                "tree_steps": t.tree_steps,
+                "mean_tree_nodes": round(t.tree_nodes / t.tree_steps, 2) if t.tree_steps else None,
                 "warmups": t.warmups,
                 "warmups_cancelled": t.warmups_cancelled,
                 "warm_tokens": t.warm_tokens,

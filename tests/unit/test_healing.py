@@ -19,7 +19,9 @@ SOURCE = textwrap.dedent(inspect.getsource(textwrap))
 
 
 def engine_for(target, draft=None, k: int = 8) -> CompletionEngine:
-    config = EngineConfig(target="test", max_draft=k, ngram_min=2, ngram_max=6, draft_min_prob=0.0)
+    config = EngineConfig(
+        target="test", max_draft=k, ngram_min=2, ngram_max=6, draft_min_prob=0.0, kept_outputs=0
+    )
     return CompletionEngine(config, target, draft)
 
 

@@ -33,8 +33,9 @@ def corrupted(tokens: list[int], every: int) -> list[int]:
 
 
 def engine_for(target: LoadedModel, draft: LoadedModel | None = None, k: int = 8, exact: bool = True):
+    # kept_outputs=0: the plain run's output must not become a perfect draft for the run it is compared with
     config = EngineConfig(
-        target="test", max_draft=k, exact=exact, ngram_min=2, ngram_max=6, draft_min_prob=0.0
+        target="test", max_draft=k, exact=exact, ngram_min=2, ngram_max=6, draft_min_prob=0.0, kept_outputs=0
     )
     return CompletionEngine(config, target, draft)
 
@@ -246,3 +247,12 @@ def test_an_all_rejected_tree_still_equals_plain(tiny_target):
             engine.corpus.set_document(f"doc{doc}", prompt[-5:] + [(t + 7 + doc) % 500 for t in expected])
         generation = engine.complete(Request(context=prompt, max_new_tokens=15, draft="ngram"))
         assert generation.tokens == expected
+
+
+def test_an_earlier_output_drafts_the_same_completion_again(tiny_target):
+    engine = CompletionEngine(EngineConfig(target="test", max_draft=12, kept_outputs=4), tiny_target)
+    prompt = random_prompts(tiny_target.vocab_size, 1, seed=91)[0]
+    first = engine.complete(Request(context=prompt, max_new_tokens=30, draft="ngram"))
+    again = engine.complete(Request(context=prompt, max_new_tokens=30, draft="ngram"))
+    assert again.tokens == first.tokens
+    assert again.stats.accepted >= 20 and again.stats.target_forwards < first.stats.target_forwards
