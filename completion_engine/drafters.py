@@ -6,13 +6,13 @@ language server validates names with it. A factory receives the engine's parts a
 drafter for one request (None for plain decoding).
 
 >>> [name for name in DRAFTERS]
-['none', 'ngram', 'model', 'hybrid']
+['none', 'ngram', 'ngram-chain', 'model', 'hybrid']
 >>> needs_draft_model("hybrid"), needs_draft_model("ngram")
 (True, False)
 >>> drafter_spec("fancy")
 Traceback (most recent call last):
 ...
-ValueError: unknown draft method 'fancy'; choose one of none, ngram, model, hybrid
+ValueError: unknown draft method 'fancy'; choose one of none, ngram, ngram-chain, model, hybrid
 """
 
 from __future__ import annotations
@@ -53,6 +53,13 @@ def _ngram(parts: DrafterParts):
     return parts.ngram
 
 
+def _ngram_chain(parts: DrafterParts):
+    from completion_engine.drafting.ngram import NgramDrafter
+
+    ngram = parts.ngram
+    return NgramDrafter(ngram.corpus, ngram.min_n, ngram.max_n, tree=False)
+
+
 def _model(parts: DrafterParts):
     return parts.model
 
@@ -67,7 +74,8 @@ DRAFTERS: dict[str, DrafterSpec] = {
     spec.name: spec
     for spec in (
         DrafterSpec("none", _none, False, "plain decoding, no drafts"),
-        DrafterSpec("ngram", _ngram, False, "copy what followed the same n-gram in open documents"),
+        DrafterSpec("ngram", _ngram, False, "a tree of what followed the same n-gram in the open documents"),
+        DrafterSpec("ngram-chain", _ngram_chain, False, "the single longest n-gram match, as one chain"),
         DrafterSpec("model", _model, True, "a small draft model"),
         DrafterSpec("hybrid", _hybrid, True, "a long n-gram match, else the draft model"),
     )

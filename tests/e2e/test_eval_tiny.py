@@ -130,6 +130,6 @@ def test_draft_model_methods_and_the_assisted_peer(package, tmp_path):
     args = ["repo", "--root", str(package), "--limit", "1", "--max-new-tokens", "6", "--no-plots"]
     assert main([*args, "--draft-model", "tiny-random", "--out", str(out), *TINY]) == 0
     row = json.loads((out / "results.json").read_text())["rows"][0]
-    assert list(row["methods"]) == ["none", "ngram", "model", "hybrid"]
+    assert list(row["methods"]) == ["none", "ngram", "ngram-chain", "model", "hybrid"]
     assert row["lossless"]["identical"]
     assert set(row["peers"]) == {"hf_plain", "hf_prompt_lookup", "hf_assisted", "hf_fp32_plain"}

@@ -45,7 +45,7 @@ def plain(engine: CompletionEngine, prompt: list[int], max_new: int) -> list[int
 
 
 @pytest.mark.parametrize("k", [1, 4, 15])
-@pytest.mark.parametrize("method", ["ngram", "model", "hybrid"])
+@pytest.mark.parametrize("method", ["ngram", "ngram-chain", "model", "hybrid"])
 def test_speculative_greedy_equals_plain(tiny_target, tiny_near_draft, method, k):
     engine = engine_for(tiny_target, tiny_near_draft, k=k)
     accepted_any = rejected_any = False
