@@ -50,7 +50,7 @@ def test_repo_suite_writes_rows_summary_and_plots_and_resumes(package, tmp_path,
     rows = results["rows"]
     assert len(rows) == 3
     for row in rows:
-        assert list(row["methods"]) == ["none", "ngram"]
+        assert list(row["methods"]) == ["none", "ngram", "ngram-chain"]
         assert row["lossless"]["identical"]
         assert set(row["methods"]["none"]["metrics"]) == {
             "exact_match_first_line",
