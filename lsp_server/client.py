@@ -321,3 +321,14 @@ class LspClient:
     @property
     def returncode(self) -> int | None:
         return self._process.returncode if self._process is not None else None
+
+
+async def stop_process(process: asyncio.subprocess.Process, timeout: float = 10) -> None:
+    """Terminate a server process started for a test or a benchmark; kill it if it does not exit."""
+    if process.returncode is None:
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 from websockets.exceptions import InvalidStatus
 
-from lsp_server.client import LspClient, announced_url
+from lsp_server.client import LspClient, announced_url, stop_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -56,21 +56,11 @@ async def start_ws(*extra: str) -> tuple[asyncio.subprocess.Process, str]:
     return process, url
 
 
-async def stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), 10)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def ws_url():
     process, url = await start_ws("--token", TOKEN)
     yield url
-    await stop(process)
+    await stop_process(process)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -429,7 +419,7 @@ async def test_a_loopback_server_makes_its_own_token_and_lets_listed_origins_in(
             await LspClient.websocket(url, origin="https://other.example.com")
         assert other.value.response.status_code == 403
     finally:
-        await stop(process)
+        await stop_process(process)
 
 
 async def test_no_token_must_be_asked_for_and_stays_on_loopback():
@@ -443,7 +433,7 @@ async def test_no_token_must_be_asked_for_and_stays_on_loopback():
         finally:
             await client.kill()
     finally:
-        await stop(process)
+        await stop_process(process)
     env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPLETE_TOKEN"}
     refused = await asyncio.create_subprocess_exec(
         *SERVER, "--ws", "--port", "0", "--host", "0.0.0.0", "--allow-remote", "--no-token",

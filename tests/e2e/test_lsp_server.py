@@ -17,7 +17,7 @@ import sys
 import pytest
 import pytest_asyncio
 
-from lsp_server.client import LspClient
+from lsp_server.client import LspClient, stop_process
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -43,21 +43,11 @@ async def start_ws_server(*extra: str) -> tuple[asyncio.subprocess.Process, str]
     return process, found.group(0)
 
 
-async def stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), 10)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def ws_server():
     process, url = await start_ws_server("--token", TOKEN)
     yield url
-    await stop(process)
+    await stop_process(process)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
