@@ -27,6 +27,7 @@ GENERATION_ROOM = 512  # cache positions kept free beyond max_context for genera
 # Earlier completions stay in the n-gram corpus (EngineConfig.kept_outputs of them), each with the
 # context tokens just before it, so a request superseded while the user types through it, or asked
 # again, drafts from what it wrote.
+OUTPUT_PREFIX = "@output/"  # document ids of the kept completions
 OUTPUT_LEAD = 16  # context tokens kept before each output (what a later tail matches against)
 
 
@@ -251,13 +252,18 @@ class CompletionEngine:
             self._model_drafter.warm(context)
         return self.target_runner.prefill(context, cancel)[1]
 
+    def forget_outputs(self) -> None:
+        """Drop the kept completions from the corpus (benchmarks: each method drafts from the same text)."""
+        for slot in range(self.config.kept_outputs):
+            self.corpus.remove_document(f"{OUTPUT_PREFIX}{slot}")
+
     def _keep_output(self, context: list[int], tokens: list[int]) -> None:
         """Put a completion into the corpus as an "output" document, replacing the oldest kept one."""
         if len(tokens) < 2 or self.config.kept_outputs <= 0:
             return
         self._outputs += 1
         slot = self._outputs % self.config.kept_outputs
-        self.corpus.set_document(f"@output/{slot}", context[-OUTPUT_LEAD:] + tokens)
+        self.corpus.set_document(f"{OUTPUT_PREFIX}{slot}", context[-OUTPUT_LEAD:] + tokens)
 
     def _verify_tree(self, pending: int, draft: Draft) -> tuple[list[int], int]:
         """Verify a token tree after the pending token; keep the path greedy decoding takes.

@@ -207,6 +207,8 @@ class CaseRunner:
         options = replace(self.options, draft=method)
         runs, stoppers = [], set()
         for _ in range(max(self.repeats, 1)):
+            # no method may draft from what an earlier one wrote on this case (or a repeat from itself)
+            self.engine.forget_outputs()
             result = complete(self.engine, cursor, options, prompt=prompt)
             runs.append(method_row(result.stats.as_dict(), result.raw_text, result.text, result.tokens))
             stoppers.add(result.stopper)
