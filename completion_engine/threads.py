@@ -18,6 +18,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 TRIALS = 3  # timed steps per candidate; the fastest counts
+# More threads must beat one by this factor: when the cores are shared, one thread slows down
+# gracefully (it waits its turn) but several spin-wait, and a step can take 4x longer (seen here
+# in a benchmark when another job started after the choice was made).
+MARGIN = 1.25
 
 
 def configured_threads() -> int | None:
@@ -33,7 +37,10 @@ def candidate_threads() -> list[int]:
 
 
 def fastest_threads(step: Callable[[], None], candidates: list[int]) -> tuple[int, dict[int, float]]:
-    """Time `step` at each thread count (after one warm-up run each); return the fastest and the timings."""
+    """Time `step` at each thread count (after one warm-up run each); return the choice and the timings.
+
+    The choice is the fastest count, unless it beats one thread by less than MARGIN: then one.
+    """
     timings = {}
     for threads in candidates:
         torch.set_num_threads(threads)
@@ -44,7 +51,10 @@ def fastest_threads(step: Callable[[], None], candidates: list[int]) -> tuple[in
             step()
             best = min(best, time.perf_counter() - started)
         timings[threads] = best
-    return min(timings, key=timings.__getitem__), timings
+    fastest = min(timings, key=timings.__getitem__)
+    if 1 in timings and timings[fastest] * MARGIN > timings[1]:
+        fastest = 1
+    return fastest, timings
 
 
 def choose_threads(step: Callable[[], None]) -> int:

@@ -36,3 +36,17 @@ def test_unconfigured_picks_the_candidate_whose_step_is_fastest(monkeypatch):
 def test_candidates_are_one_and_every_available_core():
     found = threads.candidate_threads()
     assert found[0] == 1 and found == sorted(set(found)) and len(found) <= 2
+
+
+def test_one_thread_wins_unless_more_are_clearly_faster(monkeypatch):
+    monkeypatch.setattr(threads, "candidate_threads", lambda: [1, 2])
+    now = {"t": 0.0}
+    monkeypatch.setattr(threads.time, "perf_counter", lambda: now["t"])
+
+    def step() -> None:  # two threads only 10% faster: not worth the spin-waiting risk
+        now["t"] += 1.0 if torch.get_num_threads() == 2 else 1.1
+
+    try:
+        assert threads.fastest_threads(step, [1, 2])[0] == 1
+    finally:
+        torch.set_num_threads(1)
