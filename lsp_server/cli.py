@@ -86,7 +86,32 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-clients", type=int, default=defaults.max_clients, help="WebSocket connections at once"
     )
+    add_replica_arguments(parser.add_argument_group("replicas (Ray Serve; needs the serve extra)"))
     parser.add_argument("-v", "--verbose", action="store_true", help="log each request to stderr")
+
+
+def add_replica_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="run N engine replicas on Ray Serve behind this front end (with --ws; default: one "
+        "in-process model worker, no Ray)",
+    )
+    group.add_argument(
+        "--ray-address", default=None, help="join this Ray cluster (default: start a local Ray instance)"
+    )
+    group.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs each replica holds")
+    group.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs each replica holds")
+    group.add_argument(
+        "--ray-cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all cores)"
+    )
+    group.add_argument(
+        "--overload-at",
+        type=int,
+        default=4,
+        help="outstanding requests at which a replica's sessions move elsewhere (default: 4)",
+    )
 
 
 def check_serve_arguments(args: argparse.Namespace) -> str | None:
@@ -105,6 +130,11 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
         return "the token is too short: use at least 8 characters (e.g. `openssl rand -hex 16`)"
     if not 0 <= args.port <= 65535:
         return f"--port must be 0..65535, not {args.port}"
+    if getattr(args, "replicas", 0):
+        if not args.ws:
+            return "--replicas needs --ws (the replicas serve many editors over WebSocket)"
+        if args.replicas < 0 or args.overload_at < 1:
+            return "--replicas must be at least 1 and --overload-at at least 1"
     resolve_draft_defaults(args)
     if args.draft in ("model", "hybrid") and not args.draft_model:
         return f"--draft {args.draft} needs --draft-model"
@@ -127,7 +157,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if not args.ws:
         sys.stdout = sys.stderr  # stdout carries the protocol: stray prints must not land there
     try:
-        shared = _start_shared(args)
+        shared = _start_routed(args) if getattr(args, "replicas", 0) else _start_shared(args)
     except Exception as error:  # ModelLoadError and friends carry a message that says what to do
         print(f"spec-complete serve: could not load the model: {error}", file=sys.stderr)
         return 1
@@ -166,6 +196,13 @@ def _run_ws(shared, args: argparse.Namespace) -> int:
         print(f"spec-complete serve: cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _start_routed(args: argparse.Namespace):
+    """The replicas on Ray Serve and the front end that routes to them (imports Ray, never torch)."""
+    from serving.launch import start_routed
+
+    return start_routed(args)
 
 
 def _start_shared(args: argparse.Namespace):
