@@ -278,6 +278,9 @@ async def serve_ws(shared: SharedState, options: WsOptions, announce: Callable[[
                     "spec-complete: this server needs a token: add ?token=T to the URL "
                     "or send the header Authorization: Bearer T\n",
                 )
+        metrics = getattr(shared, "metrics_text", None)  # the replicated front end (serving/) has one
+        if metrics is not None and urlsplit(request.path).path == "/metrics":
+            return connection.respond(HTTPStatus.OK, metrics().decode())
         if len(shared.live_clients) >= shared.limits.max_clients:
             return connection.respond(
                 HTTPStatus.SERVICE_UNAVAILABLE,

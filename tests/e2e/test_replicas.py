@@ -14,6 +14,8 @@ import random
 import re
 import signal
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 import pytest_asyncio
@@ -150,6 +152,39 @@ async def test_a_newer_request_supersedes_the_running_one_on_its_replica(server)
         assert (await client.response(new))["result"]["items"]
     finally:
         await client.kill()
+
+
+def scrape(url: str, token: str | None) -> tuple[int, str]:
+    """GET /metrics on the front end's port (plain HTTP, as Prometheus does)."""
+    request = urllib.request.Request(url.replace("ws://", "http://") + "/metrics")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, ""
+
+
+async def test_metrics_endpoint_reports_per_replica_in_prometheus_format(server):
+    client = await connect(server)
+    try:
+        uri = unique_uri("metrics")
+        client.open(uri, SOURCE)
+        assert (await client.inline(uri, 1, 12))["result"]["items"]
+    finally:
+        await client.kill()
+    status, text = await asyncio.to_thread(scrape, server, TOKEN)
+    assert status == 200
+    for replica in ("spec-complete-0", "spec-complete-1"):
+        assert f'spec_complete_replica_up{{replica="{replica}"}} 1.0' in text
+        assert f'spec_complete_queue_length{{replica="{replica}"}}' in text
+    completed = r'spec_complete_requests_total\{outcome="completed",replica="spec-complete-\d"\} [1-9]'
+    assert re.search(completed, text)
+    assert "spec_complete_ttft_seconds_bucket{" in text
+    assert "spec_complete_tokens_per_second_bucket{" in text
+    assert re.search(r'spec_complete_accepted_tokens_total\{replica="[^"]+",source="ngram"\}', text)
+    assert (await asyncio.to_thread(scrape, server, None))[0] == 401  # behind the token like the rest
 
 
 async def test_killing_a_replica_mid_stream_loses_no_request(server):
