@@ -144,6 +144,7 @@ class RemoteWorker:
                 f"the server is busy: {self.table.outstanding[replica]} requests are waiting on {replica} "
                 f"(the limit is {self.queue_size}); try again shortly"
             )
+        self._begin(job, replica)
         self._spawn(self._run(job, replica))
 
     def cancel(self, predicate: Callable[[CompletionJob], bool], reason: str) -> None:
@@ -189,6 +190,8 @@ class RemoteWorker:
                     return
                 self.retried += 1
                 replica = self.table.route(job.key)
+                if replica is not None:
+                    self._begin(job, replica)
                 continue
             self._finish(job, replica, outcome)
             return
@@ -196,27 +199,33 @@ class RemoteWorker:
         reason = "; ".join(failures) or "no replica is available"
         _resolve(job, CompletionOutcome("", Stats(), error=f"the engine replica failed ({reason})"))
 
-    async def _stream(self, job: CompletionJob, replica: str) -> CompletionOutcome:
-        request_id = f"r{next(self._request_ids)}"
-        self._inflight[job] = (replica, request_id)
+    def _begin(self, job: CompletionJob, replica: str) -> None:
+        """Count the job against its replica at once (routing reads it) and make it cancellable."""
+        self._inflight[job] = (replica, f"r{next(self._request_ids)}")
         self.table.outstanding[replica] += 1
         self.per_replica[replica].count("requests")
         self.metrics.queue(replica, self.table.outstanding[replica])
-        updates = self.mirror.updates_for(replica, job.client)
-        stream = (
-            self.handles[replica]
-            .options(stream=True)
-            .complete.remote(request_id, job.client, job.input, updates)
-        )
-        outcome = None
+
+    async def _stream(self, job: CompletionJob, replica: str) -> CompletionOutcome:
+        _, request_id = self._inflight[job]
+        outcome = stream = None
         try:
+            if job.cancel.is_set():  # cancelled before it was sent
+                return CompletionOutcome("", Stats(), cancelled=True, reason=job.reason)
+            updates = self.mirror.updates_for(replica, job.client)
+            stream = (
+                self.handles[replica]
+                .options(stream=True)
+                .complete.remote(request_id, job.client, job.input, updates)
+            )
             async for message in stream:
                 if "text" in message and job.on_text is not None:
                     job.on_text(message["text"])
                 elif "outcome" in message:
                     outcome = message["outcome"]
         except asyncio.CancelledError:
-            stream.cancel()
+            if stream is not None:
+                stream.cancel()
             raise
         finally:
             self._inflight.pop(job, None)

@@ -70,6 +70,8 @@ def start_routed(args: argparse.Namespace) -> RoutedState:
             log_to_driver=args.verbose,
             object_store_memory=128 * 1024 * 1024,
         )
+    if not args.verbose:
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which sets its own: replicas go down too
     serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
     limits = ServerLimits(

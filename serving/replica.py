@@ -25,6 +25,7 @@ from completion_engine.config import EngineConfig
 from completion_engine.types import Stats
 from lsp_server.worker import CompletionInput, CompletionJob, CompletionOutcome, ServerBusy, WarmJob
 
+CANCELLED_EARLY_KEPT = 1024
 DocumentUpdate = tuple[str, str | None]  # (doc_id, latest text or None when it was closed)
 
 
@@ -49,6 +50,7 @@ class EngineReplica:
         self.worker = ModelWorker(self.engine, self.corpus, self.counters, config.queue_size)
         self.worker.start()
         self.jobs: dict[str, CompletionJob] = {}
+        self.cancelled_early: dict[str, str] = {}  # request id -> reason: the cancel overtook the request
 
     def _apply(self, updates: list[DocumentUpdate]) -> None:
         for doc_id, text in updates:
@@ -61,6 +63,11 @@ class EngineReplica:
         self, request_id: str, client: int, request: CompletionInput, updates: list[DocumentUpdate]
     ):
         self._apply(updates)
+        if request_id in self.cancelled_early:
+            self.counters.count("cancelled")
+            reason = self.cancelled_early.pop(request_id)
+            yield {"outcome": CompletionOutcome("", Stats(), cancelled=True, reason=reason)}
+            return
         loop = asyncio.get_running_loop()
         grown = asyncio.Event()
         latest: list[str] = [""]
@@ -95,7 +102,10 @@ class EngineReplica:
 
     def cancel(self, request_id: str, reason: str) -> bool:
         job = self.jobs.get(request_id)
-        if job is None:
+        if job is None:  # not arrived yet (calls may overtake each other), or already answered
+            self.cancelled_early[request_id] = reason
+            while len(self.cancelled_early) > CANCELLED_EARLY_KEPT:
+                del self.cancelled_early[next(iter(self.cancelled_early))]
             return False
         self.worker.cancel(lambda running: running is job, reason)
         return True

@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-# A session leaves its replica when 4 requests are already outstanding there. Why 4: on our engine a
-# cold prefill of a few thousand tokens costs about as much as one or two 64-token completions, so
-# waiting behind up to 3 others is still cheaper than losing the KV prefix and n-gram corpus; past
-# that the queue costs more than the move. Each client supersedes its own older request for a
-# document, so 4 outstanding means about 4 editors waiting on one replica. (A judgement from the
-# single-replica measurements, not a tuned constant: --overload-at changes it.)
+# A session leaves its replica when 4 requests are already outstanding there. A move costs one cold
+# prefill and the n-gram corpus; staying costs a whole completion per request queued ahead, and since
+# a client's newer request supersedes its older one per document, 4 outstanding is about 4 editors
+# waiting. On a GPU a cold prefill of a few thousand tokens is cheap next to that wait; on CPU in
+# exact mode it is not (README: 3,058 tokens in 54 s), so CPU deployments should raise --overload-at.
+# Chosen by that reasoning, not tuned.
 OVERLOAD_AT = 4
 
 
