@@ -135,6 +135,12 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
             return "--replicas needs --ws (the replicas serve many editors over WebSocket)"
         if args.replicas < 0 or args.overload_at < 1:
             return "--replicas must be at least 1 and --overload-at at least 1"
+        cpus = args.ray_cpus or os.cpu_count() or 1
+        if not args.ray_address and args.replicas * args.cpus_per_replica > cpus:
+            return (
+                f"{args.replicas} replicas x {args.cpus_per_replica:g} CPUs do not fit the {cpus} CPUs "
+                f"of the local Ray instance: pass --cpus-per-replica {cpus / args.replicas:g} (or --ray-cpus)"
+            )
     resolve_draft_defaults(args)
     if args.draft in ("model", "hybrid") and not args.draft_model:
         return f"--draft {args.draft} needs --draft-model"

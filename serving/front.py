@@ -25,7 +25,6 @@ from dataclasses import replace
 from completion_engine.types import Stats
 from lsp_server.stats import ServerCounters
 from lsp_server.worker import CompletionJob, CompletionOutcome, ServerBusy, WarmJob
-from serving.metrics import ReplicaMetrics
 from serving.routing import OVERLOAD_AT, SessionTable
 
 logger = logging.getLogger(__name__)
@@ -109,6 +108,8 @@ class RemoteWorker:
         self.table = SessionTable(list(handles), overload_at)
         self.per_replica = {name: ServerCounters() for name in handles}
         self.remote_stats: dict[str, dict] = {name: {} for name in handles}
+        from serving.metrics import ReplicaMetrics  # prometheus_client: the serve extra
+
         self.metrics = ReplicaMetrics()
         self._inflight: dict[CompletionJob, tuple[str, str]] = {}  # job -> (replica, request id)
         self._tasks: set[asyncio.Task] = set()

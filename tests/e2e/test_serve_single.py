@@ -20,3 +20,12 @@ def test_replicas_need_websocket():
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2 and "--replicas needs --ws" in done.stderr
+
+
+def test_replicas_that_do_not_fit_the_local_cpus_are_refused_before_ray_starts():
+    done = subprocess.run(
+        [sys.executable, "-m", "lsp_server", "--target", "tiny-random", "--ws", "--replicas", "3",
+         "--ray-cpus", "2", "--cpus-per-replica", "1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--cpus-per-replica 0.666667" in done.stderr
