@@ -164,17 +164,18 @@ class RemoteWorker:
     def stop(self, timeout_s: float = 30.0) -> None:
         for job in list(self._inflight):
             job.stop("shutdown")
+        for task in [*self._tasks, self._stats_task]:
+            if task is not None and not task.get_loop().is_closed():
+                task.cancel()
         if self._on_stop is not None:
             self._on_stop()
 
     # -- one request -------------------------------------------------------------------------------
 
-    async def _run(self, job: CompletionJob, replica: str | None) -> None:
+    async def _run(self, job: CompletionJob, replica: str) -> None:
         """Run the job, retrying once on another replica if the first fails at the Ray level."""
         failures: list[str] = []
-        for _attempt in range(2):
-            if replica is None:
-                break
+        for attempt in range(2):
             try:
                 outcome = await self._stream(job, replica)
             except asyncio.CancelledError:
@@ -189,10 +190,11 @@ class RemoteWorker:
                         job, replica, CompletionOutcome("", Stats(), cancelled=True, reason=job.reason)
                     )
                     return
+                replica = self.table.route(job.key) if attempt == 0 else None
+                if replica is None:
+                    break
                 self.retried += 1
-                replica = self.table.route(job.key)
-                if replica is not None:
-                    self._begin(job, replica)
+                self._begin(job, replica)
                 continue
             self._finish(job, replica, outcome)
             return
@@ -268,7 +270,8 @@ class RemoteWorker:
         try:
             while True:
                 try:
-                    await asyncio.wait_for(self.handles[replica].ping.remote(), PROBE_TIMEOUT_S)
+                    async with asyncio.timeout(PROBE_TIMEOUT_S):
+                        await self.handles[replica].ping.remote()
                     break
                 except Exception:
                     await asyncio.sleep(PROBE_INTERVAL_S)
@@ -317,9 +320,8 @@ class RemoteWorker:
                 if not self.table.healthy[replica]:
                     continue
                 try:
-                    self.remote_stats[replica] = await asyncio.wait_for(
-                        self.handles[replica].stats.remote(), PROBE_TIMEOUT_S
-                    )
+                    async with asyncio.timeout(PROBE_TIMEOUT_S):  # not wait_for: 3.11's can eat a cancel
+                        self.remote_stats[replica] = await self.handles[replica].stats.remote()
                 except Exception:
                     pass  # the request path notices a dead replica
             await asyncio.sleep(STATS_INTERVAL_S)
