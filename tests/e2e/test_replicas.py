@@ -188,7 +188,7 @@ async def test_metrics_endpoint_reports_per_replica_in_prometheus_format(server)
 
 
 async def test_killing_a_replica_mid_stream_loses_no_request(server):
-    """SIGKILL the replica serving a long stream: that request and the others are all answered."""
+    """SIGKILL the replica serving a long stream: every request is answered and Ray replaces it."""
     streaming, other = await connect(server, LONG), await connect(server)
     try:
         uri = unique_uri("doomed")
@@ -220,6 +220,21 @@ async def test_killing_a_replica_mid_stream_loses_no_request(server):
         after = await streaming.stats()
         assert after["requests"] >= before["requests"] + 5
         assert after["retried"] >= 1 or "error" in answer
+
+        # Ray Serve replaces the dead replica; the front end routes to it again once it answers.
+        # Until then the test keeps the other client busy (each wait is a real request's answer).
+        deadline = asyncio.get_running_loop().time() + 120
+        while True:
+            entry = by_name(await other.stats())[victim["name"]]
+            if entry["healthy"] and entry["pid"] not in (None, victim["pid"]):
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"never replaced: {entry}"
+            assert "result" in await other.inline(other_uri, 1, 12, timeout=120)
+        newcomer = unique_uri("newcomer")  # the replacement has no sessions: a new one goes there
+        other.open(newcomer, SOURCE)
+        served = await other.stats()
+        assert "result" in await other.inline(newcomer, 1, 12, timeout=120)
+        assert grew(served, await other.stats())[victim["name"]] == 1
     finally:
         await streaming.kill()
         await other.kill()
