@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e '.[dev,eval]'
+	$(BIN)/pip install -q -e '.[dev,eval,serve]'
 	touch $(STAMP)
 
 # Serve the embedded model over WebSocket on loopback (fetched and converted on first use).

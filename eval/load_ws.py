@@ -2,12 +2,16 @@
 
     python eval/load_ws.py                                  # 8 clients x 50 requests, tiny-random model
     python eval/load_ws.py --target smollm2-135m --max-new-tokens 16
+    python eval/load_ws.py --clients 16 --requests 25 --replicas 2   # engine replicas on Ray Serve
 
 It starts its own server on 127.0.0.1 (port 0). Each client opens two documents and, 50 times,
 edits one at random, asks for an inline completion and sometimes cancels it (at once, or after the
 first partial result) or supersedes it with a newer request. Every request must end with a result,
 an error or a cancellation within --request-timeout seconds, else it counts as unanswered. The
 server's resident memory is sampled throughout. Exit status 1 when a request went unanswered.
+
+With --replicas N the server runs N engine replicas on a local Ray instance (`serve --replicas`);
+the report adds each replica's requests, sessions and peak memory, and the front end's memory.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import signal
 import statistics
 import sys
 import time
@@ -146,7 +152,13 @@ async def run(args: argparse.Namespace) -> dict:
     command += ["--queue-size", str(args.queue_size)]
     if args.threads:
         command += ["--threads", str(args.threads)]
-    server = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
+    if args.replicas:
+        cpus = os.cpu_count() or 1
+        command += ["--replicas", str(args.replicas), "--ray-cpus", str(cpus)]
+        command += ["--cpus-per-replica", str(min(1.0, cpus / args.replicas))]
+    server = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, start_new_session=True
+    )
     try:
         line = (await asyncio.wait_for(server.stdout.readline(), 600)).decode()
         url = announced_url(line)  # loopback only, by construction; with this run's token
@@ -174,8 +186,13 @@ async def run(args: argparse.Namespace) -> dict:
         await stats_client.kill()
         peak = rss_kb(server.pid, "VmHWM")
     finally:
-        server.terminate()
-        await server.wait()
+        server.terminate()  # with --replicas, the server takes Ray down before it exits
+        try:
+            await asyncio.wait_for(server.wait(), 120)
+        except TimeoutError:
+            os.killpg(server.pid, signal.SIGKILL)
+            await server.wait()
+    answered = len(tally.latencies)
     return {
         "target": args.target,
         "clients": args.clients,
@@ -191,9 +208,22 @@ async def run(args: argparse.Namespace) -> dict:
         "rss_start_mb": round(rss_start / 1024, 1),
         "rss_end_mb": round(samples[-1] / 1024, 1),
         "rss_peak_mb": round(peak / 1024, 1),
+        "completions_per_s": round(answered / wall, 2),
         "server": {
             k: stats[k] for k in ("requests", "cancelled", "busy", "tokens", "ttft_p50_s", "ttft_p95_s")
         },
+        "replicas": [
+            {
+                "name": entry["name"],
+                "requests": entry["requests"],
+                "sessions": entry["sessions"],
+                "tokens_per_s": entry["tokens_per_s"],
+                "ttft_p50_s": entry["ttft_p50_s"],
+                "peak_rss_mb": round(entry["max_rss_kb"] / 1024, 1) if entry.get("max_rss_kb") else None,
+            }
+            for entry in stats.get("replicas", [])
+        ],
+        "retried": stats.get("retried"),
     }
 
 
@@ -219,9 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-timeout", type=float, default=120)
     parser.add_argument("--max-seconds", type=float, default=900, help="the whole run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--replicas", type=int, default=0, help="engine replicas on Ray Serve (default 0: one process)"
+    )
     args = parser.parse_args(argv)
-    if not 1 <= args.clients <= 64 or not 1 <= args.requests <= 1000:
-        parser.error("keep the load bounded: 1-64 clients, 1-1000 requests each")
+    if not 1 <= args.clients <= 64 or not 1 <= args.requests <= 1000 or not 0 <= args.replicas <= 16:
+        parser.error("keep the load bounded: 1-64 clients, 1-1000 requests each, 0-16 replicas")
     report = asyncio.run(run(args))
     print(json.dumps(report, indent=2))
     return 1 if report["unanswered"] else 0

@@ -116,7 +116,32 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-clients", type=int, default=defaults.max_clients, help="WebSocket connections at once"
     )
+    add_replica_arguments(parser.add_argument_group("replicas (Ray Serve; needs the serve extra)"))
     parser.add_argument("-v", "--verbose", action="store_true", help="log each request to stderr")
+
+
+def add_replica_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="run N engine replicas on Ray Serve behind this front end (with --ws; default: one "
+        "in-process model worker, no Ray)",
+    )
+    group.add_argument(
+        "--ray-address", default=None, help="join this Ray cluster (default: start a local Ray instance)"
+    )
+    group.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs each replica holds")
+    group.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs each replica holds")
+    group.add_argument(
+        "--ray-cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all cores)"
+    )
+    group.add_argument(
+        "--overload-at",
+        type=int,
+        default=4,
+        help="outstanding requests at which a replica's sessions move elsewhere (default: 4)",
+    )
 
 
 def check_serve_arguments(args: argparse.Namespace) -> str | None:
@@ -142,6 +167,17 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
         return "the token is too short: use at least 8 characters (e.g. `openssl rand -hex 16`)"
     if not 0 <= args.port <= 65535:
         return f"--port must be 0..65535, not {args.port}"
+    if getattr(args, "replicas", 0):
+        if not args.ws:
+            return "--replicas needs --ws (the replicas serve many editors over WebSocket)"
+        if args.replicas < 0 or args.overload_at < 1:
+            return "--replicas must be at least 1 and --overload-at at least 1"
+        cpus = args.ray_cpus or os.cpu_count() or 1
+        if not args.ray_address and args.replicas * args.cpus_per_replica > cpus:
+            return (
+                f"{args.replicas} replicas x {args.cpus_per_replica:g} CPUs do not fit the {cpus} CPUs "
+                f"of the local Ray instance: pass --cpus-per-replica {cpus / args.replicas:g} (or --ray-cpus)"
+            )
     resolve_draft_defaults(args)
     problem = draft_problem(args.draft, args.draft_model is not None)
     if problem:
@@ -174,7 +210,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if not args.ws:
         sys.stdout = sys.stderr  # stdout carries the protocol: stray prints must not land there
     try:
-        shared = _start_shared(args)
+        shared = _start_routed(args) if getattr(args, "replicas", 0) else _start_shared(args)
     except Exception as error:  # ModelLoadError and friends carry a message that says what to do
         print(f"spec-complete serve: could not load the model: {error}", file=sys.stderr)
         return 1
@@ -228,9 +264,15 @@ def _run_ws(shared, args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_routed(args: argparse.Namespace):
+    """The replicas on Ray Serve and the front end that routes to them (imports Ray, never torch)."""
+    from serving.launch import start_routed
+
+    return start_routed(args)
+
+
 def _start_shared(args: argparse.Namespace):
     """Load the engine and start the model worker (the slow part: imports torch, loads weights)."""
-    from completion_engine.completion import CompletionOptions
     from completion_engine.engine import CompletionEngine
     from lsp_server.corpus import CorpusFeed
     from lsp_server.session import SharedState
@@ -246,15 +288,7 @@ def _start_shared(args: argparse.Namespace):
         corpus_tokens=args.corpus_tokens,
         max_clients=args.max_clients,
     )
-    defaults = CompletionOptions(
-        draft=args.draft,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        syntax=not args.no_syntax,
-        healing=not args.no_healing,
-        fim=args.fim,
-        cross_file_tokens=args.cross_file_tokens,
-    )
+    defaults = completion_defaults(args)
     counters = ServerCounters()
     corpus = CorpusFeed(limits.corpus_tokens)
     worker = ModelWorker(engine, corpus, counters, limits.queue_size)
@@ -284,3 +318,18 @@ def _configure_logging(verbose: bool) -> None:
     )
     logging.getLogger("pygls").setLevel(logging.WARNING if verbose else logging.CRITICAL)
     logging.getLogger("websockets").setLevel(logging.WARNING if verbose else logging.ERROR)
+
+
+def completion_defaults(args: argparse.Namespace):
+    """The server's completion options (a CompletionOptions) before a client's initializationOptions."""
+    from completion_engine.completion import CompletionOptions
+
+    return CompletionOptions(
+        draft=args.draft,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        syntax=not args.no_syntax,
+        healing=not args.no_healing,
+        fim=args.fim,
+        cross_file_tokens=args.cross_file_tokens,
+    )

@@ -296,6 +296,9 @@ async def serve_ws(shared: SharedState, options: WsOptions, announce: Callable[[
                     "or send the header Authorization: Bearer T (when the server made up its own, it "
                     "printed the URL with it at start: spec-complete: listening on ws://...?token=T)\n",
                 )
+        metrics = getattr(shared, "metrics_text", None)  # the replicated front end (serving/) has one
+        if metrics is not None and urlsplit(request.path).path == "/metrics":
+            return connection.respond(HTTPStatus.OK, metrics().decode())
         if len(shared.live_clients) >= shared.limits.max_clients:
             return connection.respond(
                 HTTPStatus.SERVICE_UNAVAILABLE,
