@@ -26,20 +26,18 @@ APP_PREFIX = "spec-complete-"
 class RoutedState(SharedState):
     """SharedState whose worker is a RemoteWorker: stats add the per-replica view."""
 
-    def stats(self) -> dict:
+    def stats(self, client) -> dict:
+        """The single-process stats for `client` (its own documents and requests), plus the replicas'."""
+        snapshot = SharedState.stats(self, client)
         worker = self.worker
         replicas = worker.replica_stats()
-        extra = {
-            "queued": worker.queued,
-            "clients": len(self.live_clients),
-            "corpus_documents": self.corpus.documents,
-            "corpus_tokens": sum((entry["corpus_tokens"] or 0) for entry in _remote(worker)),
-            "warmups": sum((entry["warmups"] or 0) for entry in replicas),
-            "retried": worker.retried,
-            "model": self.model,
-            "replicas": replicas,
-        }
-        return self.counters.snapshot(extra)
+        snapshot.update(
+            corpus_tokens=sum((entry["corpus_tokens"] or 0) for entry in _remote(worker)),
+            warmups=sum((entry["warmups"] or 0) for entry in replicas),
+            retried=worker.retried,
+            replicas=replicas,
+        )
+        return snapshot
 
     def metrics_text(self) -> bytes:
         return self.worker.metrics.render()

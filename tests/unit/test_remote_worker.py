@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
+from completion_engine.completion import CompletionOptions
 from completion_engine.types import Stats
 from lsp_server.documents import CursorContext
-from lsp_server.settings import CompletionSettings
 from lsp_server.stats import ServerCounters
 from lsp_server.worker import CompletionInput, CompletionJob, CompletionOutcome
 from serving.front import DocumentMirror, RemoteWorker
@@ -66,7 +66,7 @@ class FakeHandle:
 
 def job(client: int, uri: str) -> CompletionJob:
     cursor = CursorContext("def f():\n    ", "", "    ")
-    request = CompletionInput(uri, cursor, "python", "/x.py", CompletionSettings())
+    request = CompletionInput(uri, cursor, "python", "/x.py", CompletionOptions())
     return CompletionJob(client=client, input=request)
 
 
