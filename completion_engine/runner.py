@@ -20,7 +20,7 @@ speculative output equals plain output; the KV cache records each position's buc
 `reusable_prefix` keeps a cached position only where a cold run would have computed it in the same
 bucket, so a warm request gives the bits of a cold one.
 
-Why these sizes (measured on a 2-core AMX CPU with SmolLM2-135M, bf16; eval/bench_forward.py):
+Why these sizes (measured on a 2-core AMX CPU with SmolLM2-135M, bf16; `python -m eval.bench_forward`):
 - a decode forward of 16 rows costs about what a 1-row forward costs (the weights are read once
   either way; bf16 GEMV is no faster than a 16-row GEMM here), so a 15-token draft is verified for
   the price of one decode step;

@@ -1,0 +1,87 @@
+"""The exact forward's costs beside stock transformers: prefill, one decode step, a verify block.
+
+    python -m eval.bench_forward [--context 2000] [--threads 1] [--repeats 15]
+
+On a context of real Python (tokens of the standard library, the embedded model), it times:
+- prefill of the whole context: ours (128-row blocks, then 16-row forwards) against one HF forward;
+- one decode step after it: ours (a 16-row forward, attention on the real row) against HF's 1-row
+  step with its KV cache;
+- a verify block of 11 tokens (1 pending + 10 drafted): ours, one 16-row forward.
+Methods alternate within each repeat; the best and the median of the repeats are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import statistics
+import sys
+import time
+
+
+def python_tokens(tokenizer, count: int) -> list[int]:
+    import argparse as argparse_module
+    import json.decoder
+    import textwrap
+
+    text = "".join(inspect.getsource(m) for m in (argparse_module, textwrap, json.decoder))
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    if len(tokens) < count + 16:
+        raise SystemExit(f"only {len(tokens)} tokens of source; ask for a shorter --context")
+    return tokens[: count + 16]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=2000, help="context tokens (default 2000)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from completion_engine.models import load_model, resolve_source
+    from completion_engine.runner import DecoderRunner
+
+    torch.set_num_threads(args.threads)
+    model = load_model("smollm2-135m", progress=False)
+    hf = AutoModelForCausalLM.from_pretrained(resolve_source("smollm2-135m", False), dtype=torch.bfloat16)
+    hf.eval()
+    ids = python_tokens(model.tokenizer, args.context)
+    context, n = ids[: args.context], args.context
+    runner = DecoderRunner(model.weights, exact=True, capacity=n + 64)
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, fn) -> None:
+        started = time.perf_counter()
+        fn()
+        times.setdefault(name, []).append(time.perf_counter() - started)
+
+    with torch.inference_mode():
+        for _ in range(max(args.repeats // 5, 1)):  # prefills are slow: fewer repeats
+            timed("prefill: ours", lambda: (runner.truncate(0), runner.prefill(context)))
+            timed("prefill: HF", lambda: hf(torch.tensor([context]), use_cache=True))
+        cache = hf(torch.tensor([context]), use_cache=True).past_key_values
+        runner.truncate(0)
+        runner.prefill(context)
+        for _ in range(args.repeats):
+            timed("decode step: ours", lambda: (runner.extend([ids[n]], all_logits=True), runner.truncate(n)))
+            timed(
+                "decode step: HF",
+                lambda: (hf(torch.tensor([[ids[n]]]), past_key_values=cache, use_cache=True), cache.crop(-1)),
+            )
+            timed(
+                "verify 11: ours",
+                lambda: (runner.extend(ids[n : n + 11], all_logits=True), runner.truncate(n)),
+            )
+    print(f"context {n} tokens, {args.threads} thread(s), {torch.get_num_threads()} in torch")
+    for name, samples in times.items():
+        best, median = min(samples), statistics.median(samples)
+        extra = f"  ({n / best:.0f} tokens/s)" if name.startswith("prefill") else ""
+        print(f"{name:20s} best {best * 1e3:8.1f} ms  median {median * 1e3:8.1f} ms{extra}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
