@@ -185,7 +185,7 @@ class ModelWorker:
                 outcome = CompletionOutcome("", Stats(), error=f"{type(error).__name__}: {error}")
             with self._wake:
                 self._running = None
-            _resolve(job, outcome)
+            resolve_outcome(job, outcome)
 
     def _run(self, job: CompletionJob) -> CompletionOutcome:
         if job.cancel.is_set():
@@ -233,7 +233,7 @@ class ModelWorker:
 
     def _finish_cancelled(self, job: CompletionJob) -> None:
         self.counters.count("cancelled")
-        _resolve(job, CompletionOutcome("", Stats(), cancelled=True, reason=job.reason))
+        resolve_outcome(job, CompletionOutcome("", Stats(), cancelled=True, reason=job.reason))
 
 
 def completion_cursor(request_input: CompletionInput) -> Cursor:
@@ -244,7 +244,7 @@ def completion_cursor(request_input: CompletionInput) -> Cursor:
     )
 
 
-def _resolve(job: CompletionJob, outcome: CompletionOutcome) -> None:
+def resolve_outcome(job: CompletionJob, outcome: CompletionOutcome) -> None:
     """Hand the outcome over, unless the waiting side already gave up on it."""
     if job.result.done():
         return

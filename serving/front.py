@@ -19,12 +19,11 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
-from concurrent.futures import InvalidStateError
 from dataclasses import replace
 
 from completion_engine.types import Stats
 from lsp_server.stats import ServerCounters
-from lsp_server.worker import CompletionJob, CompletionOutcome, ServerBusy, WarmJob
+from lsp_server.worker import CompletionJob, CompletionOutcome, ServerBusy, WarmJob, resolve_outcome
 from serving.routing import OVERLOAD_AT, SessionTable
 
 logger = logging.getLogger(__name__)
@@ -179,7 +178,8 @@ class RemoteWorker:
             try:
                 outcome = await self._stream(job, replica)
             except asyncio.CancelledError:
-                _resolve(job, CompletionOutcome("", Stats(), cancelled=True, reason=job.reason or "shutdown"))
+                cancelled = CompletionOutcome("", Stats(), cancelled=True, reason=job.reason or "shutdown")
+                resolve_outcome(job, cancelled)
                 raise
             except Exception as error:  # the replica died or is being replaced
                 logger.warning("replica %s failed during a request: %s", replica, _short(error))
@@ -200,7 +200,7 @@ class RemoteWorker:
             return
         self.counters.count("errors")
         reason = "; ".join(failures) or "no replica is available"
-        _resolve(job, CompletionOutcome("", Stats(), error=f"the engine replica failed ({reason})"))
+        resolve_outcome(job, CompletionOutcome("", Stats(), error=f"the engine replica failed ({reason})"))
 
     def _begin(self, job: CompletionJob, replica: str) -> None:
         """Count the job against its replica at once (routing reads it) and make it cancellable."""
@@ -250,7 +250,7 @@ class RemoteWorker:
             for counters in (self.counters, self.per_replica[replica]):
                 counters.record(outcome.stats, job.input.uri, outcome.cancelled)
             self.metrics.record(replica, outcome.stats, outcome.cancelled)
-        _resolve(job, outcome)
+        resolve_outcome(job, outcome)
 
     # -- replicas going down and coming back ---------------------------------------------------------
 
@@ -353,15 +353,6 @@ class RemoteWorker:
                 }
             )
         return entries
-
-
-def _resolve(job: CompletionJob, outcome: CompletionOutcome) -> None:
-    if job.result.done():
-        return
-    try:
-        job.result.set_result(outcome)
-    except InvalidStateError:
-        pass
 
 
 def _short(error: BaseException) -> str:
