@@ -127,6 +127,9 @@ def set_threads(args: argparse.Namespace) -> None:
     import torch
 
     if args.threads:
+        from completion_engine.options import apply_threads_argument
+
+        apply_threads_argument(args)  # the engine reads it too: it must not choose another count
         torch.set_num_threads(args.threads)
         return
     try:
