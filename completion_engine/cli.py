@@ -9,12 +9,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from completion_engine.completion import CompletionOptions, Cursor
+from completion_engine.completion import Cursor
 from completion_engine.drafters import DRAFT_METHODS, draft_problem
 from completion_engine.fim import FIM_CHOICES
 from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
+    completion_options,
     engine_config,
     resolve_draft_defaults,
 )
@@ -75,20 +76,6 @@ def add_complete_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
     add_engine_arguments(parser)
-
-
-def completion_options(args: argparse.Namespace) -> CompletionOptions:
-    return CompletionOptions(
-        draft=args.draft,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        syntax=not args.no_syntax,
-        healing=not args.no_healing,
-        fim=args.fim,
-        cross_file_tokens=args.cross_file_tokens,
-    )
 
 
 class _Printer:

@@ -70,3 +70,24 @@ def resolve_draft_defaults(args: argparse.Namespace) -> None:
     """Fill in --draft-model and --draft when not given (the shipped draft for the embedded target)."""
     args.draft_model = args.draft_model or default_draft_model(args.target)
     args.draft = args.draft or default_draft_method(args.draft_model)
+
+
+def completion_options(args: argparse.Namespace):
+    """The completion options given on a command line (`complete`'s, or `serve`'s defaults).
+
+    `serve` has no --top-p or --seed (a client's seed comes per request): those keep their defaults.
+    """
+    from completion_engine.completion import CompletionOptions
+
+    defaults = CompletionOptions()
+    return CompletionOptions(
+        draft=args.draft,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=getattr(args, "top_p", defaults.top_p),
+        seed=getattr(args, "seed", defaults.seed),
+        syntax=not args.no_syntax,
+        healing=not args.no_healing,
+        fim=args.fim,
+        cross_file_tokens=args.cross_file_tokens,
+    )

@@ -15,6 +15,7 @@ from completion_engine.fim import FIM_CHOICES
 from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
+    completion_options,
     engine_config,
     resolve_draft_defaults,
 )
@@ -288,7 +289,7 @@ def _start_shared(args: argparse.Namespace):
         corpus_tokens=args.corpus_tokens,
         max_clients=args.max_clients,
     )
-    defaults = completion_defaults(args)
+    defaults = completion_options(args)
     counters = ServerCounters()
     corpus = CorpusFeed(limits.corpus_tokens)
     worker = ModelWorker(engine, corpus, counters, limits.queue_size)
@@ -318,18 +319,3 @@ def _configure_logging(verbose: bool) -> None:
     )
     logging.getLogger("pygls").setLevel(logging.WARNING if verbose else logging.CRITICAL)
     logging.getLogger("websockets").setLevel(logging.WARNING if verbose else logging.ERROR)
-
-
-def completion_defaults(args: argparse.Namespace):
-    """The server's completion options (a CompletionOptions) before a client's initializationOptions."""
-    from completion_engine.completion import CompletionOptions
-
-    return CompletionOptions(
-        draft=args.draft,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        syntax=not args.no_syntax,
-        healing=not args.no_healing,
-        fim=args.fim,
-        cross_file_tokens=args.cross_file_tokens,
-    )

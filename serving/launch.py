@@ -105,9 +105,9 @@ def start_routed(args: argparse.Namespace) -> RoutedState:
     counters = ServerCounters()
     mirror = DocumentMirror()
     worker = RemoteWorker(handles, mirror, counters, args.queue_size, args.overload_at, on_stop=stop)
-    from lsp_server.cli import completion_defaults
+    from completion_engine.options import completion_options
 
-    defaults = completion_defaults(args)
+    defaults = completion_options(args)
     model = {
         "target": args.target,
         "draft_model": args.draft_model,
