@@ -37,7 +37,7 @@ class PeerRun:
             "wall_s": round(self.wall_s, 4),
             "decode_s": round(decode_s, 4),
             "decode_tokens_per_s": round(len(self.tokens) / decode_s, 2) if decode_s > 0 else 0.0,
-            "ttft_s": round(self.ttft_s, 4),
+            "ttft_s": round(self.ttft_s, 6),
         }
 
 

@@ -169,8 +169,8 @@ class CaseRunner:
             "kind": case.kind,
             "context_tokens": len(context),
             "cold_prefill_tokens": cold.prefill_tokens,
-            "cold_prefill_s": round(cold.prefill_s, 4),
-            "cold_ttft_s": round(cold.ttft_s, 4),
+            "cold_prefill_s": round(cold.prefill_s, 6),
+            "cold_ttft_s": round(cold.ttft_s, 6),
             **self._after_one_char_edit(edit_context),
             "stopper": results["none"]["stopper"],
             "open_documents": sorted(case.open_documents),
@@ -200,7 +200,7 @@ class CaseRunner:
 
     def _after_one_char_edit(self, context: list[int]) -> dict:
         stats = self.engine.complete(Request(context=context, max_new_tokens=1, draft="none")).stats
-        return {"edit_ttft_s": round(stats.ttft_s, 4), "edit_prefill_tokens": stats.prefill_tokens}
+        return {"edit_ttft_s": round(stats.ttft_s, 6), "edit_prefill_tokens": stats.prefill_tokens}
 
     def _run_method(self, cursor: Cursor, prompt: Prompt, method: str) -> dict:
         """The method's fastest of `repeats` runs."""
