@@ -12,6 +12,7 @@ import torch
 from completion_engine.config import EngineConfig
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
+from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
 from completion_engine.drafting.tree import first_chain
 from completion_engine.healing import TokenTable, ends_in_blank, remaining_heal, strip_heal
 from completion_engine.models import LoadedModel, check_compatible
@@ -74,21 +75,30 @@ class CompletionEngine:
     Not thread-safe: one thread runs generations (the language server has one model worker).
     """
 
-    def __init__(self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, target: LoadedModel, draft: LoadedModel | EagleWeights | None = None
+    ) -> None:
+        """draft: a small model with its own cache, or an EAGLE head that reads the target's features."""
         if config.exact and config.max_draft > DECODE_ROWS - 1:
             raise ValueError(f"max_draft is at most {DECODE_ROWS - 1} in exact mode (one verify block)")
         self.config = config
         self.target = target
         self.draft = draft
         capacity = config.max_context + GENERATION_ROOM
-        self.target_runner = DecoderRunner(target.weights, exact=config.exact, capacity=capacity)
+        eagle = isinstance(draft, EagleWeights)
+        self.target_runner = DecoderRunner(
+            target.weights, exact=config.exact, capacity=capacity, keep_features=eagle
+        )
         self.threads = choose_threads(self._probe_step) if self.target_runner.device.type == "cpu" else 0
         self.corpus = DocumentCorpus(config.ngram_min)
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
-        self._model_drafter: ModelDrafter | None = None
+        self._model_drafter: ModelDrafter | EagleDrafter | None = None
         self._token_table: TokenTable | None = None
         self._outputs = 0  # completions kept in the corpus so far (see _keep_output)
-        if draft is not None:
+        if eagle:
+            tree = TreeSettings() if config.exact else None  # trees need the exact verifier
+            self._model_drafter = EagleDrafter(self.target_runner, draft, config.draft_min_prob, tree)
+        elif draft is not None:
             check_compatible(target, draft)
             draft_runner = DecoderRunner(draft.weights, exact=False, capacity=capacity)
             self._model_drafter = ModelDrafter(
@@ -105,11 +115,15 @@ class CompletionEngine:
     @classmethod
     def from_config(cls, config: EngineConfig, progress: bool = True) -> CompletionEngine:
         from completion_engine.distilled import DISTILLED_NAME, distilled_draft
+        from completion_engine.eagle import is_eagle_head, load_eagle
         from completion_engine.models import load_model
 
         target = load_model(config.target, config.device, config.dtype, progress=progress)
+        draft: LoadedModel | EagleWeights | None
         if config.draft_model == DISTILLED_NAME:
             draft = distilled_draft(target)
+        elif config.draft_model and is_eagle_head(config.draft_model):
+            draft = load_eagle(target.weights, config.draft_model)
         elif config.draft_model:
             draft = load_model(config.draft_model, config.device, config.dtype, progress=progress)
         else:
@@ -248,9 +262,10 @@ class CompletionEngine:
         done. Returns the context tokens computed.
         """
         context = self._fit_context(list(context))
-        if self._model_drafter is not None:
-            self._model_drafter.warm(context)
-        return self.target_runner.prefill(context, cancel)[1]
+        logits, computed = self.target_runner.prefill(context, cancel)
+        if self._model_drafter is not None and logits is not None:
+            self._model_drafter.warm(context)  # after the target: an EAGLE head reads its features
+        return computed
 
     def forget_outputs(self) -> None:
         """Drop the kept completions from the corpus (benchmarks: each method drafts from the same text)."""

@@ -142,7 +142,9 @@ class DecoderRunner:
     `extend` appends decode-bucket tokens (plain steps, verify blocks) and returns their logits.
     """
 
-    def __init__(self, weights: DecoderWeights, exact: bool, capacity: int) -> None:
+    def __init__(
+        self, weights: DecoderWeights, exact: bool, capacity: int, keep_features: bool = False
+    ) -> None:
         self.w = weights
         self.shape = weights.shape
         self.exact = exact
@@ -163,6 +165,14 @@ class DecoderRunner:
         # keeps those positions, so a prefill of a context already cached (a warm-up) needs no forward
         self._last_logits: tuple[int, torch.Tensor] | None = None
         self._tree: tuple[list[int], TreePlan] | None = None  # the last verify_tree, for accept_path
+        # keep_features: the last layer's output (before the final norm) at every cached position,
+        # what a draft head that reads the target's features (drafting/eagle.py) starts from; a
+        # copy of rows the forward computes anyway, so the target's bits do not change
+        self.features = (
+            torch.zeros(self.cache.capacity, s.hidden, dtype=self.dtype, device=self.device)
+            if keep_features
+            else None
+        )
 
     @property
     def capacity(self) -> int:
@@ -259,6 +269,7 @@ class DecoderRunner:
         tree = TreePlan.of(parents, self.shape.n_layers)
         self._check_room(len(self.cache) + max(tree.depths) + 1)
         hidden = self._forward(list(tokens), DECODE_ROWS, tree)
+        tree.hidden = hidden[: len(tokens)]
         self._tree = (list(tokens), tree)
         return self._logits(hidden)[: len(tokens)].float()
 
@@ -268,6 +279,8 @@ class DecoderRunner:
         start = len(self.cache)
         for layer in range(self.shape.n_layers):
             self.cache.write(layer, start, tree.keys[layer][:, path], tree.values[layer][:, path])
+        if self.features is not None:
+            self.features[start : start + len(path)] = tree.hidden[path]
         self.cache.append_tokens([tokens[node] for node in path], DECODE_ROWS)
 
     def _check_room(self, length: int) -> None:
@@ -280,6 +293,9 @@ class DecoderRunner:
         """One forward of `rows` rows (exact) holding `tokens`; float32 logits of all or the last token."""
         rows = rows if self.exact else len(tokens)
         hidden = self._forward(tokens, rows)  # [rows, hidden]
+        if self.features is not None:
+            start = len(self.cache)
+            self.features[start : start + len(tokens)] = hidden[: len(tokens)]
         self.cache.append_tokens(tokens, rows if self.exact else FAST)
         if not logits:
             return None
@@ -453,6 +469,7 @@ class TreePlan:
     paths: list[tuple[list[int], list[int]]]
     keys: list[torch.Tensor | None]  # per layer [kv_head, n, head_dim]: the nodes' keys, for accept_path
     values: list[torch.Tensor | None]
+    hidden: torch.Tensor | None = None  # [n, hidden] the nodes' last-layer outputs (runner features)
 
     @classmethod
     def of(cls, parents: Sequence[int], layers: int) -> TreePlan:

@@ -97,13 +97,18 @@ def build_peers(
     """Stock HF models from the same folders, in the same dtype, on the same device as the engine;
     and vLLM's plain, ngram and suffix engines when a vLLM interpreter is given or importable here."""
     from completion_engine.distilled import DISTILLED_NAME
+    from completion_engine.eagle import is_eagle_head
     from completion_engine.models import resolve_device, resolve_dtype, resolve_source
     from eval.peers import HfPeers
     from eval.peers_vllm import VllmPeers, vllm_python
 
     target = resolve_source(config.target, progress)
-    # the distilled draft borrows the target's embedding and is no transformers model: no hf_assisted peer
-    hf_draft = config.draft_model if config.draft_model != DISTILLED_NAME else None
+    # the distilled draft and the EAGLE head borrow parts of the target and are no transformers
+    # models: no hf_assisted peer for them
+    own = config.draft_model is not None and (
+        config.draft_model == DISTILLED_NAME or is_eagle_head(config.draft_model)
+    )
+    hf_draft = None if own else config.draft_model
     draft = resolve_source(hf_draft, progress) if hf_draft else None
     peers = [HfPeers(target, draft, resolve_dtype(config.dtype), resolve_device(config.device), names=names)]
     python = vllm_python(vllm)

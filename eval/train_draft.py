@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,27 +110,10 @@ class TrainableDraft(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, T] -> logits over the subset [B, T, subset]."""
         s = self.shape
-        batch, length = ids.shape
         x = F.embedding(ids, self.embed)
-        freqs = torch.outer(torch.arange(length, dtype=torch.float32), self.inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = (emb.cos() * self.rope_scale)[None, :, None], (emb.sin() * self.rope_scale)[None, :, None]
-        q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        cos, sin = rotary_tables(ids.shape[1], self.inv_freq, self.rope_scale)
         for layer in self.layers:
-            h = rms_norm(x, layer["input_norm"], s.rms_eps)
-            q, k, v = F.linear(h, layer["qkv"]).split((q_size, kv_size, kv_size), dim=-1)
-            q = q.view(batch, length, s.n_heads, s.head_dim)
-            k = k.view(batch, length, s.n_kv_heads, s.head_dim)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            v = v.view(batch, length, s.n_kv_heads, s.head_dim)
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-            )
-            x = x + F.linear(attn.transpose(1, 2).reshape(batch, length, q_size), layer["out"])
-            h = rms_norm(x, layer["post_norm"], s.rms_eps)
-            gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer["down"])
+            x = causal_layer(x, layer, s, cos, sin)
         return F.linear(rms_norm(x, self.final_norm, s.rms_eps), self.head)
 
     def export(self, dtype: torch.dtype) -> DecoderWeights:
@@ -160,6 +144,40 @@ class TrainableDraft(nn.Module):
 
 
 LAYER_FIELDS = ("input_norm", "qkv", "out", "post_norm", "gate_up", "down")
+
+
+def rotary_tables(
+    length: int, inv_freq: torch.Tensor, rope_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [1, length, 1, head_dim] for positions 0 .. length - 1 (as the runner builds them)."""
+    freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * rope_scale)[None, :, None], (emb.sin() * rope_scale)[None, :, None]
+
+
+def causal_layer(
+    x: torch.Tensor, layer: Mapping[str, torch.Tensor], s: DecoderShape, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """One Llama decoder layer over x [B, T, hidden] with causal attention (runner.py's maths, batched).
+
+    layer maps LAYER_FIELDS (and optionally "qkv_bias") to tensors.
+    """
+    batch, length, _ = x.shape
+    q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    h = rms_norm(x, layer["input_norm"], s.rms_eps)
+    q, k, v = F.linear(h, layer["qkv"], layer.get("qkv_bias")).split((q_size, kv_size, kv_size), dim=-1)
+    q = q.view(batch, length, s.n_heads, s.head_dim)
+    k = k.view(batch, length, s.n_kv_heads, s.head_dim)
+    q = (q * cos + rotate_half(q) * sin).to(v.dtype)
+    k = (k * cos + rotate_half(k) * sin).to(v.dtype)
+    v = v.view(batch, length, s.n_kv_heads, s.head_dim)
+    attn = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+    )
+    x = x + F.linear(attn.transpose(1, 2).reshape(batch, length, q_size), layer["out"])
+    h = rms_norm(x, layer["post_norm"], s.rms_eps)
+    gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, layer["down"])
 
 
 def target_logits(target_model, ids: torch.Tensor) -> torch.Tensor:
@@ -201,18 +219,39 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--minutes", type=float, default=defaults.minutes, help="training time budget")
     parser.add_argument("--batch", type=int, default=defaults.batch)
-    parser.add_argument("--seq-len", type=int, default=defaults.seq_len)
+    parser.add_argument(
+        "--kind",
+        choices=("distilled", "eagle"),
+        default="distilled",
+        help="distilled: a 2-layer draft model; eagle: a head reading the target's features",
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=None, help=f"window length (distilled: {defaults.seq_len})"
+    )
+    parser.add_argument(
+        "--train-tokens", type=int, default=300_000, help="eagle: tokens the target reads for training"
+    )
     parser.add_argument(
         "--subset-size", type=int, default=defaults.subset_size, help="tokens in the draft head"
     )
     parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--out", default=str(DISTILLED_DIR), help="where the shipped weights go")
-    parser.add_argument("--checkpoint", default="eval/out/train-draft/checkpoint.pt")
+    parser.add_argument(
+        "--out", default=None, help="where the shipped weights go (default: the package's data)"
+    )
+    parser.add_argument("--checkpoint", default=None, help="default: eval/out/train-<kind>/checkpoint.pt")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     parser.add_argument("--stdlib", default=sysconfig.get_paths()["stdlib"], help="source tree to train on")
 
 
 def run_train(args: argparse.Namespace) -> int:
+    if args.kind == "eagle":
+        from eval.train_eagle import run_train_eagle
+
+        return run_train_eagle(args)
+    return run_train_distilled(args)
+
+
+def run_train_distilled(args: argparse.Namespace) -> int:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
@@ -222,7 +261,7 @@ def run_train(args: argparse.Namespace) -> int:
         steps=args.steps,
         minutes=args.minutes,
         batch=args.batch,
-        seq_len=args.seq_len,
+        seq_len=args.seq_len or TrainSettings.seq_len,
         subset_size=args.subset_size,
         seed=args.seed,
     )
@@ -251,7 +290,7 @@ def run_train(args: argparse.Namespace) -> int:
     draft = TrainableDraft(target.weights, 2, vocab_map)
     optimizer = torch.optim.AdamW(draft.parameters(), lr=settings.lr, weight_decay=0.0)
     step = 0
-    checkpoint = Path(args.checkpoint)
+    checkpoint = Path(args.checkpoint or "eval/out/train-draft/checkpoint.pt")
     if args.resume and checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
         draft.load_state_dict(saved["draft"])
@@ -289,9 +328,11 @@ def run_train(args: argparse.Namespace) -> int:
         subset_size=len(vocab_map),
         target="smollm2-135m",
     )
-    save_draft(Path(args.out), draft.export(torch.bfloat16), vocab_map, config)
+    out = Path(args.out or DISTILLED_DIR)
+    save_draft(out, draft.export(torch.bfloat16), vocab_map, config)
     print(
-        f"steps {step}; held-out top-1 agreement {before:.3f} -> {after:.3f}; saved to {args.out}", flush=True
+        f"steps {step}; held-out top-1 agreement {before:.3f} -> {after:.3f}; saved to {out}",
+        flush=True,
     )
     return 0
 

@@ -1,0 +1,297 @@
+"""Drafting with a head that reads the target's own features (EAGLE, Li et al. 2024).
+
+The target already computed, for every position i, its last layer's output f_i (the feature its
+LM head turns into the next token). The head predicts the feature one position further:
+
+    g_i = layer(fc([embed(x_{i+1}), norm(f_i)]))      # one decoder layer, its own KV cache
+    draft distribution for x_{i+2} = softmax(lm_head(final_norm(g_i)))
+
+and goes on from its own guess (g_i in place of f_{i+1}) for the tokens after that. Position i of
+the head needs f_i, which the target computed, and x_{i+1}, the token after it: after a verify step
+the runner holds features for every kept token, and the pending token (the target's next choice)
+is x_{L}, so the head's first draft token costs one head row, the rest one row each.
+
+Greedy drafting builds a token tree (EAGLE-2): the children of a node are its most probable tokens,
+a node's score is the product of the head's probabilities along its path (an estimate of its
+chance to be accepted), the best nodes of each depth are expanded together in one head forward,
+and the `k` highest-scoring nodes form the tree. The tree verifier pays per root-to-leaf chain, so
+the tree keeps at most `max_leaves` leaves. Sampling drafts one chain, with the head's
+distributions for rejection sampling.
+
+The head's LM head covers the most frequent code tokens only (FR-Spec), as the distilled draft.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from completion_engine.drafting.base import empty_draft
+from completion_engine.kv import common_prefix_len, round_up
+from completion_engine.runner import DecoderRunner, DecoderShape, LayerWeights, rms_norm, rotate_half
+from completion_engine.sampling import Sampler
+from completion_engine.types import Draft
+
+SYNC_ROWS = 256  # head rows per forward when catching up with a long context
+
+
+@dataclass(frozen=True, slots=True)
+class EagleWeights:
+    """A trained head plus the target parts it borrows (embedding, final norm, LM head rows)."""
+
+    shape: DecoderShape  # the target's shape (the head is one layer of it)
+    fc: torch.Tensor  # [hidden, 2 * hidden]: [embedding, normed feature] -> the layer's input
+    feature_norm: torch.Tensor  # [hidden]
+    layer: LayerWeights
+    embed: torch.Tensor  # [vocab, hidden] the target's
+    final_norm: torch.Tensor  # [hidden] the target's
+    head: torch.Tensor  # [subset, hidden] the target's LM head rows for vocab_map
+    vocab_map: torch.Tensor  # [subset] head row -> token id
+    inv_freq: torch.Tensor
+    rope_scale: float
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSettings:
+    width: int = 3  # children per expanded node, and nodes expanded per depth
+    depth: int = 6  # deepest level drafted
+    max_leaves: int = 3  # root-to-leaf chains in the kept tree (verify cost grows with each)
+
+
+class EagleHead:
+    """The head's layer with its own KV cache; a slot per head position (tree nodes after the context)."""
+
+    def __init__(self, weights: EagleWeights, capacity: int) -> None:
+        self.w = weights
+        s = weights.shape
+        self.capacity = round_up(capacity, 128)
+        device, dtype = weights.embed.device, weights.embed.dtype
+        self.keys = torch.zeros(s.n_kv_heads, self.capacity, s.head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros_like(self.keys)
+        positions = torch.arange(self.capacity, dtype=torch.float32, device=device)
+        freqs = torch.outer(positions, weights.inv_freq.to(device))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * weights.rope_scale).to(dtype)
+        self.sin = (emb.sin() * weights.rope_scale).to(dtype)
+        self.tokens: list[int] = []  # x_0 .. x_n: slot i holds the pair (f_i, x_{i+1})
+        self.length = 0  # slots in use
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        visible: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Predicted next features g [n, hidden] of n new slots appended after `length`.
+
+        features [n, hidden]: f (or a parent's g) per row; positions: each row's sequence position;
+        visible [n, length + n] bool: which slots each row attends to (None: causal, all earlier slots).
+        """
+        w, s = self.w, self.w.shape
+        n, start = len(tokens), self.length
+        if start + n > self.capacity:
+            raise ValueError(f"draft head cache full: {start + n} slots, capacity {self.capacity}")
+        ids = torch.tensor(tokens, dtype=torch.long, device=features.device)
+        x = F.linear(
+            torch.cat([F.embedding(ids, w.embed), rms_norm(features, w.feature_norm, s.rms_eps)], -1), w.fc
+        )
+        pos = torch.tensor(positions, dtype=torch.long, device=features.device)
+        cos, sin = self.cos[pos, None, :], self.sin[pos, None, :]
+        layer = w.layer
+        q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        h = rms_norm(x, layer.input_norm, s.rms_eps)
+        q, k, v = F.linear(h, layer.qkv, layer.qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
+        q = q.view(n, s.n_heads, s.head_dim)
+        k = k.view(n, s.n_kv_heads, s.head_dim)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        self.keys[:, start : start + n] = k.transpose(0, 1)
+        self.values[:, start : start + n] = v.view(n, s.n_kv_heads, s.head_dim).transpose(0, 1)
+        end = start + n
+        if visible is None:
+            visible = (
+                torch.arange(end, device=x.device)[None, :]
+                <= torch.arange(start, end, device=x.device)[:, None]
+            )
+        attn = (
+            F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                self.keys[None, :, :end],
+                self.values[None, :, :end],
+                attn_mask=visible,
+                enable_gqa=s.group > 1,
+            )[0]
+            .transpose(0, 1)
+            .reshape(n, q_size)
+        )
+        x = x + F.linear(attn, layer.out)
+        h = rms_norm(x, layer.post_norm, s.rms_eps)
+        gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+        self.length = end
+        return x + F.linear(F.silu(gate) * up, layer.down)
+
+    def logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """float32 logits over the head's subset [n, subset] for predicted features [n, hidden]."""
+        return F.linear(rms_norm(predicted, self.w.final_norm, self.w.shape.rms_eps), self.w.head).float()
+
+
+class EagleDrafter:
+    """Drafts from the target runner's features with an EagleHead (see the module docstring)."""
+
+    source = "model"
+
+    def __init__(
+        self, runner: DecoderRunner, weights: EagleWeights, min_prob: float, tree: TreeSettings | None
+    ) -> None:
+        if runner.features is None:
+            raise ValueError("the EAGLE head needs a target runner built with keep_features=True")
+        self.runner = runner
+        self.head = EagleHead(weights, runner.cache.capacity)
+        self.vocab_map = weights.vocab_map
+        self.target_vocab = runner.shape.vocab
+        self.min_prob = min_prob
+        self.tree = tree
+
+    @torch.inference_mode()
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
+        committed = len(self.runner)  # positions with target features; context[committed] is pending
+        if k <= 0 or len(context) != committed + 1:
+            return empty_draft(self.source)
+        predicted = self._sync(context, committed)
+        try:
+            if sampler is not None:
+                return self._chain(predicted, committed, k, sampler)
+            if self.tree is not None and k > 1:
+                return self._tree(predicted, committed, k, self.tree)
+            return self._chain(predicted, committed, k, None)
+        finally:
+            self.head.truncate(committed)  # drop the drafted slots: they used guessed features
+
+    @torch.inference_mode()
+    def warm(self, context: Sequence[int]) -> None:
+        """Catch the head up with a context the target has just prefilled (all but its last pair)."""
+        if len(self.runner) == len(context) and len(context) > 1:
+            self._sync(context, len(context) - 1)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        pass  # the tree's size follows the head's own confidence, not the last step
+
+    def _sync(self, context: Sequence[int], slots: int) -> torch.Tensor | None:
+        """Bring the head's slots to pairs 0 .. slots - 1 of context; the last slot's g [1, hidden]."""
+        head = self.head
+        keep = max(0, min(common_prefix_len(head.tokens, context[: slots + 1]) - 1, head.length, slots - 1))
+        head.truncate(keep)
+        head.tokens = list(context[: slots + 1])
+        predicted = None
+        for begin in range(keep, slots, SYNC_ROWS):
+            end = min(slots, begin + SYNC_ROWS)
+            predicted = head.forward(
+                self.runner.features[begin:end], context[begin + 1 : end + 1], range(begin, end)
+            )[-1:]
+        return predicted
+
+    def _chain(self, predicted: torch.Tensor, committed: int, k: int, sampler: Sampler | None) -> Draft:
+        tokens: list[int] = []
+        dists: list[torch.Tensor] = []
+        position = committed
+        while True:
+            logits = self.head.logits(predicted)[0]
+            probs = sampler.probs(logits) if sampler else torch.softmax(logits, dim=-1)
+            row = sampler.sample(probs) if sampler else int(probs.argmax())
+            if sampler is None and float(probs[row]) < self.min_prob and tokens:
+                break
+            token = int(self.vocab_map[row])
+            tokens.append(token)
+            if sampler is not None:
+                dists.append(self._over_target_vocab(probs))
+            if len(tokens) == k:
+                break
+            predicted = self.head.forward(predicted, [token], [position])
+            position += 1
+        return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None, source=self.source)
+
+    def _tree(self, predicted: torch.Tensor, committed: int, k: int, settings: TreeSettings) -> Draft:
+        # node: (token, parent node or -1, log score, depth); grown depth by depth
+        nodes: list[tuple[int, int, float, int]] = []
+        slot_of: dict[int, int] = {}  # expanded node -> its head slot
+        outputs = {-1: predicted[0]}  # node -> g after it (-1: the pending token's slot)
+        frontier = [-1]
+        for depth in range(1, settings.depth + 1):
+            rows = torch.stack([outputs[node] for node in frontier])
+            top = torch.log_softmax(self.head.logits(rows), dim=-1).topk(settings.width, dim=-1)
+            children = []
+            for i, parent in enumerate(frontier):
+                base = nodes[parent][2] if parent >= 0 else 0.0
+                for logp, row in zip(top.values[i].tolist(), top.indices[i].tolist(), strict=True):
+                    nodes.append((int(self.vocab_map[row]), parent, base + logp, depth))
+                    children.append(len(nodes) - 1)
+            if depth == settings.depth:
+                break
+            frontier = heapq.nlargest(settings.width, children, key=lambda node: nodes[node][2])
+            outputs.update(self._expand(frontier, nodes, slot_of, outputs, committed))
+        return self._best_subtree(nodes, k, settings.max_leaves)
+
+    def _expand(
+        self,
+        frontier: list[int],
+        nodes: list[tuple[int, int, float, int]],
+        slot_of: dict[int, int],
+        outputs: dict[int, torch.Tensor],
+        committed: int,
+    ) -> dict[int, torch.Tensor]:
+        """Run the head on the frontier's nodes in one forward: each sees the context and its ancestors."""
+        start = self.head.length
+        visible = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)
+        visible[:, :committed] = True
+        for row, node in enumerate(frontier):
+            slot_of[node] = start + row
+            up = node
+            while up >= 0:
+                visible[row, slot_of[up]] = True
+                up = nodes[up][1]
+        predicted = self.head.forward(
+            torch.stack([outputs[nodes[node][1]] for node in frontier]),
+            [nodes[node][0] for node in frontier],
+            [committed + nodes[node][3] - 1 for node in frontier],
+            visible.to(self.head.keys.device),
+        )
+        return {node: predicted[row] for row, node in enumerate(frontier)}
+
+    def _best_subtree(self, nodes: list[tuple[int, int, float, int]], k: int, max_leaves: int) -> Draft:
+        """The k best-scoring nodes (a parent scores at least its child) with at most max_leaves leaves."""
+        kept: list[int] = []
+        kept_set: set[int] = set()
+        leaves = 0
+        for node in sorted(range(len(nodes)), key=lambda n: (-nodes[n][2], nodes[n][3])):
+            parent = nodes[node][1]
+            if parent >= 0 and parent not in kept_set:
+                continue
+            new_leaf = parent < 0 or any(nodes[other][1] == parent for other in kept)
+            if new_leaf and leaves >= max_leaves:
+                continue
+            leaves += new_leaf
+            kept.append(node)
+            kept_set.add(node)
+            if len(kept) == k:
+                break
+        kept.sort(key=lambda n: (nodes[n][3], n))  # parents before children
+        index = {node: i for i, node in enumerate(kept)}
+        return Draft(
+            tokens=[nodes[n][0] for n in kept],
+            probs=None,
+            source=self.source,
+            parents=[index[nodes[n][1]] if nodes[n][1] >= 0 else -1 for n in kept],
+        )
+
+    def _over_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """q over the target's vocabulary: tokens outside the head's subset get probability 0."""
+        full = torch.zeros(self.target_vocab, dtype=probs.dtype, device=probs.device)
+        return full.scatter(0, self.vocab_map.to(probs.device), probs)

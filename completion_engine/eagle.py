@@ -1,0 +1,105 @@
+"""The EAGLE draft head that ships for the embedded target: save, load, and whether it is installed.
+
+What ships is the head's own parameters (the input projection, the feature norm, one decoder layer)
+and the token subset its LM head covers; the embedding, the final norm and the LM head rows are the
+target's, borrowed at load time. See drafting/eagle.py for what the head computes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from completion_engine.defaults import EAGLE_DIR, EAGLE_NAME, EAGLE_WEIGHTS
+from completion_engine.drafting.eagle import EagleWeights
+from completion_engine.runner import DecoderWeights, LayerWeights
+
+__all__ = [
+    "EAGLE_DIR",
+    "EAGLE_NAME",
+    "EagleConfig",
+    "eagle_available",
+    "is_eagle_head",
+    "load_eagle",
+    "save_eagle",
+]
+CONFIG_FILE = "eagle.json"
+LAYER_FIELDS = ("input_norm", "qkv", "out", "post_norm", "gate_up", "down")
+
+
+@dataclass(frozen=True, slots=True)
+class EagleConfig:
+    subset_size: int  # tokens the head's LM head covers
+    target: str  # the target it was trained for
+    hidden: int  # the target's width, checked at load
+
+
+def save_eagle(folder: Path, weights: EagleWeights, config: EagleConfig) -> None:
+    from safetensors.torch import save_file
+
+    state = {"fc": weights.fc, "feature_norm": weights.feature_norm, "vocab_map": weights.vocab_map}
+    for name in LAYER_FIELDS:
+        state[f"layer.{name}"] = getattr(weights.layer, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / EAGLE_WEIGHTS))
+    (folder / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2) + "\n")
+
+
+def eagle_available(folder: Path | None = None) -> bool:
+    folder = folder or EAGLE_DIR
+    return (folder / EAGLE_WEIGHTS).exists() and (folder / CONFIG_FILE).exists()
+
+
+def eagle_weights(
+    target: DecoderWeights, state: dict[str, torch.Tensor], vocab_map: torch.Tensor
+) -> EagleWeights:
+    """Head parameters (any dtype) next to the target's borrowed parts, on the target's device and dtype."""
+    device, dtype = target.embed.device, target.embed.dtype
+
+    def get(name: str) -> torch.Tensor:
+        return state[name].to(device=device, dtype=dtype)
+
+    layer = LayerWeights(**{name: get(f"layer.{name}") for name in LAYER_FIELDS}, qkv_bias=None)
+    vocab_map = vocab_map.to(device)
+    return EagleWeights(
+        shape=target.shape,
+        fc=get("fc"),
+        feature_norm=get("feature_norm"),
+        layer=layer,
+        embed=target.embed,
+        final_norm=target.final_norm,
+        head=target.lm_head[vocab_map],
+        vocab_map=vocab_map,
+        inv_freq=target.inv_freq,
+        rope_scale=target.rope_scale,
+    )
+
+
+def is_eagle_head(spec: str) -> bool:
+    """Does --draft-model name an EAGLE head: the shipped one, or a folder train-draft --kind eagle wrote?"""
+    return spec == EAGLE_NAME or (Path(spec) / CONFIG_FILE).is_file()
+
+
+def load_eagle(target: DecoderWeights, spec: str | Path | None = None) -> EagleWeights:
+    """The head named by spec (EAGLE_NAME or a folder) for `target`; a clear error when it cannot be used."""
+    from safetensors.torch import load_file
+
+    from completion_engine.models import ModelLoadError
+
+    folder = EAGLE_DIR if spec in (None, EAGLE_NAME) else Path(spec)
+    if not eagle_available(folder):
+        raise ModelLoadError(
+            f"the EAGLE draft head is not installed (expected {folder}); train it with "
+            "`spec-complete train-draft --kind eagle`"
+        )
+    config = EagleConfig(**json.loads((folder / CONFIG_FILE).read_text()))
+    if config.hidden != target.shape.hidden:
+        raise ModelLoadError(
+            f"the EAGLE head in {folder} was trained for {config.target} (width {config.hidden}), "
+            f"not for a target of width {target.shape.hidden}"
+        )
+    state = load_file(str(folder / EAGLE_WEIGHTS))
+    return eagle_weights(target, state, state["vocab_map"])

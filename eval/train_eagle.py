@@ -1,0 +1,297 @@
+"""Train the EAGLE draft head for the embedded target (`spec-complete train-draft --kind eagle`).
+
+Self-distillation: the target reads standard-library code (not the packages the evaluation uses,
+see train_draft.EXCLUDED_PACKAGES) once; its last-layer features f_t and its own greedy choices
+are stored (eval/out/train-eagle/, reused by --resume). The head then learns, for every position t,
+
+    g_t = head(f_t, x_{t+1})  ~  f_{t+1}           (smooth L1 on RMS-normalised features)
+    lm_head(final_norm(g_t))  ->  the target's choice for x_{t+2}   (cross-entropy, on the subset)
+
+and, in a second unrolled pass, the same from its own g_{t-1} in place of f_t: at drafting time
+every token after the first is predicted from the head's own guess. Held-out top-1 agreement (the
+head's first draft token equals the target's greedy token) is measured on the `http` package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from completion_engine.drafting.eagle import EagleWeights
+from completion_engine.eagle import EAGLE_DIR, EagleConfig, eagle_weights, save_eagle
+from completion_engine.runner import DecoderWeights, rms_norm
+from eval.train_draft import (
+    HELD_OUT_PACKAGE,
+    LAYER_FIELDS,
+    causal_layer,
+    frequent_tokens,
+    python_files,
+    rotary_tables,
+    token_windows,
+)
+
+WORK_DIR = Path("eval/out/train-eagle")
+IGNORE = -100  # labels outside the head's subset
+
+
+@dataclass(frozen=True, slots=True)
+class EagleSettings:
+    train_tokens: int = 300_000  # target features stored for training (the target pass is the slow part)
+    seq_len: int = 512
+    batch: int = 8
+    epochs_max: int = 40
+    minutes: float = 40.0  # training time budget (after the target pass)
+    lr: float = 2e-3
+    warmup: int = 50
+    subset_size: int = 8192
+    feature_weight: float = 1.0  # the smooth-L1 feature loss beside the cross-entropy
+    noise: float = 0.05  # uniform noise on the normalised input features (robustness to the head's guesses)
+    eval_windows: int = 48
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class TargetPass:
+    """What the target computed over a set of windows."""
+
+    ids: torch.Tensor  # [N, T] tokens
+    features: torch.Tensor  # [N, T, hidden] bf16: last-layer outputs before the final norm
+    choices: torch.Tensor  # [N, T] the target's greedy next token after each position
+
+
+@torch.inference_mode()
+def target_pass(target: DecoderWeights, ids: torch.Tensor, batch: int, desc: str) -> TargetPass:
+    """The target's features and greedy choices over windows ids [N, T], in its own dtype."""
+    from tqdm import tqdm
+
+    s = target.shape
+    cos, sin = rotary_tables(ids.shape[1], target.inv_freq, target.rope_scale)
+    layers = [{name: getattr(layer, name) for name in (*LAYER_FIELDS, "qkv_bias")} for layer in target.layers]
+    features, choices = [], []
+    for start in tqdm(range(0, len(ids), batch), desc=desc, file=sys.stderr, unit="batch"):
+        x = F.embedding(ids[start : start + batch], target.embed)
+        for layer in layers:
+            x = causal_layer(x, layer, s, cos.to(x.dtype), sin.to(x.dtype))
+        features.append(x)
+        logits = F.linear(rms_norm(x, target.final_norm, s.rms_eps), target.lm_head)
+        choices.append(logits.argmax(-1))
+    return TargetPass(ids, torch.cat(features), torch.cat(choices))
+
+
+class TrainableHead(nn.Module):
+    """The head's parameters in float32; forward mirrors drafting/eagle.EagleHead over whole windows."""
+
+    def __init__(self, target: DecoderWeights, vocab_map: torch.Tensor) -> None:
+        super().__init__()
+        s = target.shape
+        self.shape = s
+        self.register_buffer("embed", target.embed.float(), persistent=False)
+        self.register_buffer("final_norm", target.final_norm.float(), persistent=False)
+        self.register_buffer("head", target.lm_head[vocab_map].float(), persistent=False)
+        self.register_buffer("vocab_map", vocab_map, persistent=False)
+        self.inv_freq, self.rope_scale = target.inv_freq, target.rope_scale
+        # the input projection starts as "the normalised feature, plus a little of the token"
+        fc = torch.zeros(s.hidden, 2 * s.hidden)
+        fc[:, s.hidden :] = torch.eye(s.hidden)
+        fc[:, : s.hidden] = torch.randn(s.hidden, s.hidden) * (0.02 / math.sqrt(s.hidden))
+        self.fc = nn.Parameter(fc)
+        self.feature_norm = nn.Parameter(torch.ones(s.hidden))
+        last = target.layers[-1]  # the layer starts as the target's last one
+        self.layer = nn.ParameterDict(
+            {n: nn.Parameter(getattr(last, n).float().clone()) for n in LAYER_FIELDS}
+        )
+
+    def forward(self, features: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """features [B, T, hidden] (f_t or guesses), next_ids [B, T] (x_{t+1}) -> g [B, T, hidden]."""
+        s = self.shape
+        x = torch.cat(
+            [F.embedding(next_ids, self.embed), rms_norm(features, self.feature_norm, s.rms_eps)], -1
+        )
+        cos, sin = rotary_tables(next_ids.shape[1], self.inv_freq, self.rope_scale)
+        return causal_layer(F.linear(x, self.fc), self.layer, s, cos, sin)
+
+    def logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(predicted, self.final_norm, self.shape.rms_eps), self.head)
+
+    def export(self, target: DecoderWeights) -> EagleWeights:
+        state = {"fc": self.fc, "feature_norm": self.feature_norm}
+        state.update({f"layer.{n}": p for n, p in self.layer.items()})
+        return eagle_weights(target, {k: v.detach() for k, v in state.items()}, self.vocab_map)
+
+
+def unit_rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def subset_labels(choices: torch.Tensor, vocab_map: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Token ids -> head rows; IGNORE for tokens outside the subset."""
+    row_of = torch.full((vocab,), IGNORE, dtype=torch.long)
+    row_of[vocab_map] = torch.arange(len(vocab_map))
+    return row_of[choices]
+
+
+def head_loss(
+    head: TrainableHead, data: TargetPass, rows: torch.Tensor, labels: torch.Tensor, settings: EagleSettings
+) -> tuple[torch.Tensor, float]:
+    """Loss of one batch of windows (two unrolled passes); and the first pass's top-1 agreement."""
+    feats = data.features[rows].float()  # [B, T, h]
+    ids = data.ids[rows]
+    # position t: (f_t, x_{t+1}) -> f_{t+1}, the target's choice after x_{t+1}
+    inputs, next_ids = feats[:, :-1], ids[:, 1:]
+    target_features, target_rows = unit_rms(feats[:, 1:]), labels[rows][:, 1:]
+    noise = (torch.rand_like(inputs) * 2 - 1) * settings.noise * inputs.pow(2).mean(-1, keepdim=True).sqrt()
+    total = torch.zeros(())
+    agreement = 0.0
+    for unroll in range(2):
+        predicted = head(inputs + noise, next_ids)
+        logits = head.logits(predicted)
+        ce = F.cross_entropy(logits.flatten(0, 1), target_rows.flatten(), ignore_index=IGNORE)
+        feature = F.smooth_l1_loss(unit_rms(predicted), target_features)
+        total = total + ce + settings.feature_weight * feature
+        if unroll == 0:
+            valid = target_rows != IGNORE
+            agreement = float(((logits.argmax(-1) == target_rows) & valid).sum() / valid.sum().clamp(min=1))
+            # the second pass reads the first pass's guess of f_t where f_t stood (t >= 1)
+            inputs = torch.cat([inputs[:, :1], predicted[:, :-1]], dim=1)
+            noise = torch.zeros_like(inputs)
+    return total, agreement
+
+
+@torch.no_grad()
+def held_out_agreement(head: TrainableHead, data: TargetPass, batch: int) -> tuple[float, float]:
+    """(first-token, second-token) top-1 agreement with the target's greedy choices, over the full vocabulary.
+
+    The second token is drafted from the head's own guess of the feature, as when drafting.
+    """
+    agree, total = [0, 0], [0, 0]
+    for start in range(0, len(data.ids), batch):
+        feats = data.features[start : start + batch].float()
+        ids = data.ids[start : start + batch]
+        choices = data.choices[start : start + batch]
+        first = head(feats[:, :-1], ids[:, 1:])  # position t guesses the target's choice after x_{t+1}
+        top1 = head.vocab_map[head.logits(first).argmax(-1)]
+        agree[0] += int((top1 == choices[:, 1:]).sum())
+        total[0] += top1.numel()
+        # position t >= 1 again, from the head's guess g_{t-1} of f_t
+        second_in = torch.cat([feats[:, :1], first[:, :-1]], dim=1)
+        second = head.vocab_map[head.logits(head(second_in, ids[:, 1:])).argmax(-1)]
+        agree[1] += int((second[:, 1:] == choices[:, 2:]).sum())
+        total[1] += second[:, 1:].numel()
+    return agree[0] / max(total[0], 1), agree[1] / max(total[1], 1)
+
+
+def learning_rate(step: int, total: int, settings: EagleSettings) -> float:
+    if step < settings.warmup:
+        return settings.lr * (step + 1) / settings.warmup
+    progress = (step - settings.warmup) / max(1, total - settings.warmup)
+    return settings.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def cached_pass(target, windows: torch.Tensor, name: str, batch: int) -> TargetPass:
+    """The target pass over windows, computed once and kept under WORK_DIR."""
+    path = WORK_DIR / f"{name}-{len(windows)}x{windows.shape[1]}.pt"
+    if path.exists():
+        saved = torch.load(path, weights_only=True)
+        if torch.equal(saved["ids"], windows):
+            print(f"target pass: reusing {path}", file=sys.stderr)
+            return TargetPass(saved["ids"], saved["features"], saved["choices"])
+    data = target_pass(target, windows, batch, desc=f"target pass ({name})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"ids": data.ids, "features": data.features, "choices": data.choices}, path)
+    return data
+
+
+def run_train_eagle(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from completion_engine.models import load_model
+
+    settings = EagleSettings(
+        train_tokens=args.train_tokens,
+        seq_len=args.seq_len or EagleSettings().seq_len,
+        batch=args.batch,
+        minutes=args.minutes,
+        subset_size=args.subset_size,
+        seed=args.seed,
+    )
+    torch.manual_seed(settings.seed)
+    target = load_model("smollm2-135m", device="cpu", dtype="bfloat16", progress=True)
+    eos = next(iter(target.eos_token_ids))
+    root = Path(args.stdlib)
+    print(f"tokenising {root} ...", file=sys.stderr, flush=True)
+    windows = token_windows(python_files(root, include=True), target.tokenizer, settings.seq_len, eos)
+    order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(settings.seed))
+    windows = windows[order[: max(1, settings.train_tokens // settings.seq_len)]]
+    held_out = token_windows(
+        sorted((root / HELD_OUT_PACKAGE).rglob("*.py")), target.tokenizer, settings.seq_len, eos
+    )[: settings.eval_windows]
+    train = cached_pass(target.weights, windows, "train", batch=4)
+    test = cached_pass(target.weights, held_out, "held-out", batch=4)
+    vocab_map = frequent_tokens(train.choices, settings.subset_size)
+    labels = subset_labels(train.choices, vocab_map, target.vocab_size)
+    covered = float((labels != IGNORE).float().mean())
+    print(
+        f"{len(train.ids)} training windows ({train.ids.numel():,} tokens), {len(test.ids)} held out; "
+        f"head covers {len(vocab_map)} tokens ({covered:.1%} of the target's choices)",
+        file=sys.stderr,
+        flush=True,
+    )
+    head = TrainableHead(target.weights, vocab_map)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, weight_decay=0.0)
+    steps_per_epoch = max(1, len(train.ids) // settings.batch)
+    total_steps = steps_per_epoch * settings.epochs_max
+    step = 0
+    checkpoint = Path(args.checkpoint or WORK_DIR / "checkpoint.pt")
+    if args.resume and checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        head.load_state_dict(saved["head"])
+        optimizer.load_state_dict(saved["optimizer"])
+        step = saved["step"]
+        print(f"resumed at step {step}", file=sys.stderr)
+    started = time.monotonic()
+    bar = tqdm(total=total_steps, initial=step, desc="train-eagle", file=sys.stderr)
+    generator = torch.Generator().manual_seed(settings.seed + step)
+    perm = torch.randperm(len(train.ids), generator=generator)
+    while step < total_steps and (time.monotonic() - started) / 60 < settings.minutes:
+        position = (step % steps_per_epoch) * settings.batch
+        if position == 0 and step:
+            perm = torch.randperm(len(train.ids), generator=generator)
+        rows = perm[position : position + settings.batch]
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, total_steps, settings)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, agreement = head_loss(head, train, rows, labels, settings)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{agreement:.2f}")
+        if step % 50 == 0:
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(
+                {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint
+            )
+    bar.close()
+    first, second = held_out_agreement(head, test, settings.batch)
+    out = Path(args.out or EAGLE_DIR)
+    config = EagleConfig(
+        subset_size=len(vocab_map), target="smollm2-135m", hidden=target.weights.shape.hidden
+    )
+    save_eagle(out, head.export(target.weights), config)
+    minutes = (time.monotonic() - started) / 60
+    print(
+        f"steps {step} ({minutes:.1f} min); held-out top-1 agreement: first token {first:.3f}, "
+        f"second token (from its own guess) {second:.3f}; saved to {out}",
+        flush=True,
+    )
+    return 0

@@ -1,0 +1,206 @@
+"""The EAGLE draft head: lossless as a chain, a tree and in hybrid; the sampled path keeps the target's
+distribution; the runner's features are the ones plain decoding computes; training and drafting agree."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from completion_engine.config import EngineConfig
+from completion_engine.drafting.eagle import EagleDrafter, EagleHead, EagleWeights, TreeSettings
+from completion_engine.eagle import EagleConfig, is_eagle_head, load_eagle, save_eagle
+from completion_engine.engine import CompletionEngine
+from completion_engine.models import LoadedModel, ModelLoadError
+from completion_engine.runner import DecoderRunner
+from completion_engine.types import Request
+from tests.conftest import tiny_loaded
+from tests.unit.test_lossless import corrupted, plain, random_prompts
+from tests.unit.test_sampling import next_token_probs, total_variation
+
+
+@pytest.fixture(scope="module")
+def one_layer_target(tiny_tokenizer) -> LoadedModel:
+    return tiny_loaded(tiny_tokenizer, seed=5, layers=1)
+
+
+def near_head(target: LoadedModel, subset: int = 480) -> EagleWeights:
+    """A head that mostly agrees with a one-layer target: its layer is the target's, fed the next token.
+
+    Head slot i computes layer(embed(x_{i+1})) (plus a trace of the feature f_i) at position i, where
+    the target computes the same layer over x_0 .. x_{i+1}: the same but for the first key.
+    """
+    w = target.weights
+    hidden = w.shape.hidden
+    fc = torch.cat([torch.eye(hidden), 0.01 * torch.eye(hidden)], dim=1).to(w.embed.dtype)
+    vocab_map = torch.arange(subset)
+    return EagleWeights(
+        shape=w.shape,
+        fc=fc,
+        feature_norm=torch.ones(hidden, dtype=w.embed.dtype),
+        layer=w.layers[-1],
+        embed=w.embed,
+        final_norm=w.final_norm,
+        head=w.lm_head[vocab_map],
+        vocab_map=vocab_map,
+        inv_freq=w.inv_freq,
+        rope_scale=w.rope_scale,
+    )
+
+
+def eagle_engine(target: LoadedModel, k: int = 8, exact: bool = True) -> CompletionEngine:
+    config = EngineConfig(
+        target="test", max_draft=k, exact=exact, ngram_min=2, ngram_max=6, draft_min_prob=0.0, kept_outputs=0
+    )
+    return CompletionEngine(config, target, near_head(target))
+
+
+@pytest.mark.parametrize("k", [1, 4, 15])
+@pytest.mark.parametrize("shape", ["tree", "chain"])
+def test_eagle_greedy_equals_plain(one_layer_target, shape, k):
+    engine = eagle_engine(one_layer_target, k=k)
+    if shape == "chain":
+        engine._model_drafter.tree = None
+    accepted = drafted = trees = 0
+    for prompt in random_prompts(one_layer_target.vocab_size, 10, seed=k):
+        expected = plain(engine, prompt, 40)
+        generation = engine.complete(Request(context=prompt, max_new_tokens=40, draft="model"))
+        assert generation.tokens == expected, f"eagle {shape} k={k} diverged on prompt {prompt}"
+        accepted += generation.stats.accepted
+        drafted += generation.stats.drafted
+        trees += generation.stats.tree_steps
+    assert 0 < accepted < drafted, "the cases should cover both acceptance and rejection"
+    assert (trees > 0) == (shape == "tree" and k > 1)
+
+
+def test_eagle_hybrid_equals_plain(one_layer_target):
+    engine = eagle_engine(one_layer_target, k=10)
+    sources = Counter()
+    for i, prompt in enumerate(random_prompts(one_layer_target.vocab_size, 10, seed=11)):
+        expected = plain(engine, prompt, 40)
+        engine.corpus.set_document("doc", prompt[-4:] + corrupted(expected, every=4 + i % 5))
+        generation = engine.complete(Request(context=prompt, max_new_tokens=40, draft="hybrid"))
+        assert generation.tokens == expected
+        sources.update({name: s.drafted for name, s in generation.stats.by_source.items()})
+    assert sources["ngram"] > 0 and sources["model"] > 0
+
+
+def test_eagle_after_reused_prefixes_and_warmups_equals_plain(one_layer_target):
+    """Requests that share prefixes (the head keeps its slots) and warm-ups in between."""
+    engine = eagle_engine(one_layer_target, k=8)
+    base = random_prompts(one_layer_target.vocab_size, 1, seed=3)[0] * 3
+    for cut in (len(base), len(base) - 5, len(base) + 0, len(base) - 1):
+        prompt = base[:cut] + [7, 8]
+        expected = plain(engine, prompt, 30)
+        engine.warm(prompt)
+        assert engine.complete(Request(context=prompt, max_new_tokens=30, draft="model")).tokens == expected
+
+
+def test_features_after_a_tree_step_are_those_of_plain_decoding(one_layer_target):
+    weights = one_layer_target.weights
+    chain = DecoderRunner(weights, exact=True, capacity=512, keep_features=True)
+    tree = DecoderRunner(weights, exact=True, capacity=512, keep_features=True)
+    context = random_prompts(one_layer_target.vocab_size, 1, seed=4)[0]
+    chain.prefill(context)
+    tree.prefill(context)
+    chain.extend([10, 11, 12])
+    tree.verify_tree([10, 20, 11, 21, 12], [-1, 0, 0, 2, 2])  # root 10 -> {20, 11 -> {21, 12}}
+    tree.accept_path([0, 2, 4])
+    assert tree.token_ids == chain.token_ids
+    n = len(chain)
+    assert torch.equal(tree.features[:n], chain.features[:n])
+
+
+def test_best_subtree_keeps_the_likely_nodes_within_the_leaf_budget(one_layer_target):
+    engine = eagle_engine(one_layer_target)
+    drafter = engine._model_drafter
+    # (token, parent, log score, depth): a at -0.1, b under a at -0.2, c at -0.3, d at -0.4, e under b
+    nodes = [(1, -1, -0.1, 1), (2, 0, -0.2, 2), (3, -1, -0.3, 1), (4, -1, -0.4, 1), (5, 1, -0.5, 3)]
+    draft = drafter._best_subtree(nodes, k=4, max_leaves=2)
+    assert (draft.tokens, draft.parents) == ([1, 3, 2, 5], [-1, -1, 0, 2])
+    draft = drafter._best_subtree(nodes, k=3, max_leaves=1)
+    assert (draft.tokens, draft.parents) == ([1, 2, 5], [-1, 0, 1])
+
+
+def test_tree_drafts_respect_the_settings(one_layer_target):
+    engine = eagle_engine(one_layer_target, k=15)
+    drafter = engine._model_drafter
+    drafter.tree = TreeSettings(width=3, depth=4, max_leaves=2)
+    prompt = random_prompts(one_layer_target.vocab_size, 1, seed=9)[0]
+    engine.target_runner.prefill(prompt)
+    draft = drafter.propose([*prompt, 5], k=15)
+    parents = draft.parents
+    assert 1 < len(draft.tokens) <= 15 and all(p < i for i, p in enumerate(parents))
+    leaves = [i for i in range(len(parents)) if i not in parents]
+    assert len(leaves) <= 2
+    assert drafter.head.length == len(prompt)  # drafted slots are dropped again
+
+
+def test_head_needs_features_and_a_matching_context(one_layer_target):
+    runner = DecoderRunner(one_layer_target.weights, exact=True, capacity=256)
+    with pytest.raises(ValueError, match="keep_features"):
+        EagleDrafter(runner, near_head(one_layer_target), 0.0, None)
+    engine = eagle_engine(one_layer_target)
+    engine.target_runner.prefill([5, 6, 7])
+    assert engine._model_drafter.propose([5, 6], k=4).tokens == []  # not the runner's context + 1
+
+
+def test_sampling_with_the_head_matches_the_target_distribution(one_layer_target):
+    """The token after a verify step of the head's sampled chain follows the target's distribution."""
+    engine = eagle_engine(one_layer_target, k=3)
+    prompt, temperature = [5, 6, 7, 8, 5, 6, 7], 0.6
+    t1 = int(next_token_probs(engine, prompt, temperature).argmax())
+    second = next_token_probs(engine, [*prompt, t1], temperature)
+    buckets = {(int(t),): float(second[t]) for t in torch.topk(second, 6).indices}
+    buckets[("other",)] = 1.0 - sum(buckets.values())
+    counts: Counter = Counter()
+    accepted = drafted = 0
+    for seed in range(1200):
+        generation = engine.complete(
+            Request(context=prompt, max_new_tokens=3, draft="model", temperature=temperature, seed=seed)
+        )
+        if generation.tokens[0] != t1:
+            continue
+        key = (generation.tokens[1],)
+        counts[key if key in buckets else ("other",)] += 1
+        accepted += generation.stats.accepted
+        drafted += generation.stats.drafted
+    samples = sum(counts.values())
+    assert samples > 150 and 0 < accepted < drafted
+    assert total_variation(counts, buckets, samples) < 1.5 * (len(buckets) / samples) ** 0.5
+
+
+def test_drafting_computes_what_training_computes(one_layer_target):
+    from eval.train_eagle import TrainableHead
+
+    weights = near_head(one_layer_target)
+    target = one_layer_target.weights
+    trainable = TrainableHead(target, weights.vocab_map)
+    with torch.no_grad():
+        trainable.fc.copy_(weights.fc.float())
+        for name, param in trainable.layer.items():
+            param.copy_(getattr(weights.layer, name).float())
+    runner = DecoderRunner(target, exact=True, capacity=256, keep_features=True)
+    context = random_prompts(one_layer_target.vocab_size, 1, seed=6)[0]
+    runner.prefill(context)
+    features = runner.features[: len(context) - 1]
+    with torch.no_grad():
+        trained = trainable(features[None].float(), torch.tensor(context[1:])[None])[0]
+        drafted = EagleHead(weights, 256).forward(features, context[1:], range(len(context) - 1))
+    # the same maths; only the drafting side's bf16 rounding differs
+    assert float((trained - drafted.float()).norm() / trained.norm()) < 0.02
+
+
+def test_saved_head_loads_and_is_checked(one_layer_target, tmp_path):
+    weights = near_head(one_layer_target)
+    save_eagle(tmp_path, weights, EagleConfig(subset_size=480, target="tiny", hidden=weights.shape.hidden))
+    assert is_eagle_head(str(tmp_path)) and not is_eagle_head(str(tmp_path / "nothing"))
+    loaded = load_eagle(one_layer_target.weights, tmp_path)
+    assert torch.equal(loaded.fc, weights.fc) and torch.equal(loaded.vocab_map, weights.vocab_map)
+    assert torch.equal(loaded.layer.qkv, weights.layer.qkv)
+    with pytest.raises(ModelLoadError, match="not installed"):
+        load_eagle(one_layer_target.weights, tmp_path / "missing")
+    wide = tiny_loaded(one_layer_target.tokenizer, seed=5, layers=1, hidden=32)
+    with pytest.raises(ModelLoadError, match="width"):
+        load_eagle(wide.weights, tmp_path)
