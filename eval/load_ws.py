@@ -21,14 +21,13 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from lsp_server.client import LspClient, announced_url
+from lsp_server.client import LspClient, start_ws_server, stop_process
 
 SOURCE = '''import math
 
@@ -156,13 +155,8 @@ async def run(args: argparse.Namespace) -> dict:
         cpus = os.cpu_count() or 1
         command += ["--replicas", str(args.replicas), "--ray-cpus", str(cpus)]
         command += ["--cpus-per-replica", str(min(1.0, cpus / args.replicas))]
-    server = await asyncio.create_subprocess_exec(
-        *command, stdout=asyncio.subprocess.PIPE, start_new_session=True
-    )
+    server, url = await start_ws_server(command, timeout=600)  # loopback, with this run's token
     try:
-        line = (await asyncio.wait_for(server.stdout.readline(), 600)).decode()
-        url = announced_url(line)  # loopback only, by construction; with this run's token
-        assert url is not None, f"the server did not announce its URL: {line!r}"
         rss_start = rss_kb(server.pid)
         samples = [rss_start]
         tally = Tally()
@@ -186,12 +180,7 @@ async def run(args: argparse.Namespace) -> dict:
         await stats_client.kill()
         peak = rss_kb(server.pid, "VmHWM")
     finally:
-        server.terminate()  # with --replicas, the server takes Ray down before it exits
-        try:
-            await asyncio.wait_for(server.wait(), 120)
-        except TimeoutError:
-            os.killpg(server.pid, signal.SIGKILL)
-            await server.wait()
+        await stop_process(server, timeout=120)  # with --replicas, the server takes Ray down first
     answered = len(tally.latencies)
     return {
         "target": args.target,

@@ -127,7 +127,37 @@ def add_replica_arguments(group: argparse._ArgumentGroup) -> None:
         type=int,
         default=0,
         help="run N engine replicas on Ray Serve behind this front end (with --ws; default: one "
-        "in-process model worker, no Ray)",
+        "in-process model worker, no Ray); with --max-replicas, how many to start with",
+    )
+    group.add_argument(
+        "--min-replicas",
+        type=int,
+        default=None,
+        help="autoscale: never fewer replicas than this (at least 1; default 1; needs --max-replicas)",
+    )
+    group.add_argument(
+        "--max-replicas",
+        type=int,
+        default=None,
+        help="autoscale the replicas with Ray Serve, never more than this",
+    )
+    group.add_argument(
+        "--target-ongoing-requests",
+        type=float,
+        default=None,
+        help="autoscale: requests outstanding per replica that Ray Serve aims at (default 2)",
+    )
+    group.add_argument(
+        "--upscale-delay-s",
+        type=float,
+        default=None,
+        help="autoscale: how long the load must call for more replicas before one starts (default 30)",
+    )
+    group.add_argument(
+        "--downscale-delay-s",
+        type=float,
+        default=None,
+        help="autoscale: how long the load must allow fewer replicas before one stops (default 600)",
     )
     group.add_argument(
         "--ray-address", default=None, help="join this Ray cluster (default: start a local Ray instance)"
@@ -168,17 +198,9 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
         return "the token is too short: use at least 8 characters (e.g. `openssl rand -hex 16`)"
     if not 0 <= args.port <= 65535:
         return f"--port must be 0..65535, not {args.port}"
-    if getattr(args, "replicas", 0):
-        if not args.ws:
-            return "--replicas needs --ws (the replicas serve many editors over WebSocket)"
-        if args.replicas < 0 or args.overload_at < 1:
-            return "--replicas must be at least 1 and --overload-at at least 1"
-        cpus = args.ray_cpus or os.cpu_count() or 1
-        if not args.ray_address and args.replicas * args.cpus_per_replica > cpus:
-            return (
-                f"{args.replicas} replicas x {args.cpus_per_replica:g} CPUs do not fit the {cpus} CPUs "
-                f"of the local Ray instance: pass --cpus-per-replica {cpus / args.replicas:g} (or --ray-cpus)"
-            )
+    problem = replica_problem(args)
+    if problem:
+        return problem
     resolve_draft_defaults(args)
     problem = draft_problem(args.draft, args.draft_model is not None)
     if problem:
@@ -200,6 +222,57 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
     return None
 
 
+AUTOSCALING_DEFAULTS = {"target_ongoing_requests": 2.0, "upscale_delay_s": 30.0, "downscale_delay_s": 600.0}
+
+
+def routed(args: argparse.Namespace) -> bool:
+    """Whether `serve` runs engine replicas on Ray Serve (else one in-process worker, no Ray)."""
+    return bool(getattr(args, "replicas", 0) or getattr(args, "max_replicas", None))
+
+
+def replica_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the replica flags, or None; fills in the autoscaling defaults."""
+    autoscaling = ["min_replicas", *AUTOSCALING_DEFAULTS]
+    if not hasattr(args, "replicas"):
+        return None
+    if args.max_replicas is None:
+        given = [name for name in autoscaling if getattr(args, name) is not None]
+        if given:
+            return f"--{given[0].replace('_', '-')} is an autoscaling bound: it needs --max-replicas"
+    if not routed(args):
+        return None
+    if not args.ws:
+        return "--replicas needs --ws (the replicas serve many editors over WebSocket)"
+    if args.replicas < 0 or args.overload_at < 1:
+        return "--replicas must be at least 1 and --overload-at at least 1"
+    most = args.replicas
+    if args.max_replicas is not None:
+        if args.min_replicas is None:
+            args.min_replicas = 1
+        for name, default in AUTOSCALING_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+        if args.min_replicas < 1:  # the front end only sends to running replicas: none would wake one
+            return "--min-replicas must be at least 1 (the replicas cannot scale to zero)"
+        if args.max_replicas < args.min_replicas:
+            return f"--max-replicas ({args.max_replicas}) is below --min-replicas ({args.min_replicas})"
+        if args.replicas and not args.min_replicas <= args.replicas <= args.max_replicas:
+            return (
+                f"--replicas {args.replicas} (the replicas to start with) is outside "
+                f"--min-replicas {args.min_replicas} .. --max-replicas {args.max_replicas}"
+            )
+        if args.target_ongoing_requests <= 0 or args.upscale_delay_s < 0 or args.downscale_delay_s < 0:
+            return "--target-ongoing-requests must be above 0 and the scale delays at least 0"
+        most = args.max_replicas
+    cpus = args.ray_cpus or os.cpu_count() or 1
+    if not args.ray_address and most * args.cpus_per_replica > cpus:
+        return (
+            f"{most} replicas x {args.cpus_per_replica:g} CPUs do not fit the {cpus} CPUs "
+            f"of the local Ray instance: pass --cpus-per-replica {cpus / most:g} (or --ray-cpus)"
+        )
+    return None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     problem = check_serve_arguments(args)
     if problem:
@@ -211,7 +284,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if not args.ws:
         sys.stdout = sys.stderr  # stdout carries the protocol: stray prints must not land there
     try:
-        shared = _start_routed(args) if getattr(args, "replicas", 0) else _start_shared(args)
+        shared = _start_routed(args) if routed(args) else _start_shared(args)
     except Exception as error:  # ModelLoadError and friends carry a message that says what to do
         print(f"spec-complete serve: could not load the model: {error}", file=sys.stderr)
         return 1
@@ -281,6 +354,21 @@ def _start_shared(args: argparse.Namespace):
     from lsp_server.worker import ModelWorker
 
     engine = CompletionEngine.from_config(engine_config(args))
+    counters = ServerCounters()
+    corpus = CorpusFeed(args.corpus_tokens)
+    worker = ModelWorker(engine, corpus, counters, args.queue_size)
+    worker.start()
+    model = {
+        "target": args.target,
+        "draft_model": args.draft_model,
+        "device": str(engine.target_runner.device),
+        "threads": engine.threads,
+    }
+    return shared_state(SharedState, args, worker, corpus, counters, model)
+
+
+def shared_state(state_class, args: argparse.Namespace, worker, corpus, counters, model: dict):
+    """What every connection shares, from the flags: one worker (local, or the replicas) and its corpus."""
     limits = ServerLimits(
         queue_size=args.queue_size,
         max_document_bytes=args.max_document_kb * 1024,
@@ -289,23 +377,12 @@ def _start_shared(args: argparse.Namespace):
         corpus_tokens=args.corpus_tokens,
         max_clients=args.max_clients,
     )
-    defaults = completion_options(args)
-    counters = ServerCounters()
-    corpus = CorpusFeed(limits.corpus_tokens)
-    worker = ModelWorker(engine, corpus, counters, limits.queue_size)
-    worker.start()
-    model = {
-        "target": args.target,
-        "draft_model": args.draft_model,
-        "device": str(engine.target_runner.device),
-        "threads": engine.threads,
-    }
-    return SharedState(
+    return state_class(
         worker=worker,
         corpus=corpus,
         counters=counters,
         limits=limits,
-        defaults=defaults,
+        defaults=completion_options(args),
         model=model,
         draft_model_loaded=args.draft_model is not None,
     )

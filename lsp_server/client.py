@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import re
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pygls.client import JsonRPCClient
@@ -323,12 +325,41 @@ class LspClient:
         return self._process.returncode if self._process is not None else None
 
 
+async def start_ws_server(
+    command: Sequence[str], timeout: float = 180, env: dict[str, str] | None = None
+) -> tuple[asyncio.subprocess.Process, str]:
+    """Start a `serve --ws` command in a process group of its own; returns it and the URL it announced.
+
+    Its own group, so that stop_process can take down what it started too (Ray's processes). `env`
+    adds to this process's environment.
+    """
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdout=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, **env} if env else None,
+    )
+    try:
+        line = (await asyncio.wait_for(process.stdout.readline(), timeout)).decode()
+    except BaseException:
+        await stop_process(process)
+        raise
+    url = announced_url(line)
+    if url is None:
+        await stop_process(process)
+        raise RuntimeError(f"the server did not announce its URL: {line!r}")
+    return process, url
+
+
 async def stop_process(process: asyncio.subprocess.Process, timeout: float = 10) -> None:
-    """Terminate a server process started for a test or a benchmark; kill it if it does not exit."""
+    """Terminate a server process started for a test or a benchmark; kill it (and its group) if it hangs."""
     if process.returncode is None:
         process.terminate()
         try:
             await asyncio.wait_for(process.wait(), timeout)
         except TimeoutError:
-            process.kill()
+            if os.getpgid(process.pid) == process.pid:  # it leads its own group (start_ws_server)
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.kill()
             await process.wait()

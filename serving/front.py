@@ -6,11 +6,19 @@ sends the replica the document updates of that client it has not seen yet (Docum
 streams the answer back over the deployment handle. Everything here runs on the event loop's
 thread, and nothing imports torch.
 
-Failures: a replica that errors at the Ray level (its process died, it is being replaced) is marked
-down; its sessions move on their next request, and the request in flight is retried once on another
-replica (which gets the client's documents first). A second failure answers the request with an
-error that says so. A replica marked down comes back once it answers a ping again; Ray Serve
-replaces dead replicas on its own.
+The replicas are one Ray Serve deployment reached through one handle; every call names its replica
+(serving/affinity.py). Which replicas exist changes as Serve scales the deployment or replaces a dead
+replica: Serve's router reports each change (`replicas_changed`, from its own thread), a new replica
+takes new sessions at once, and a removed one's sessions move on their next request, their new
+replica getting the client's documents from the mirror. Requests already running on a removed
+replica finish there (Serve stops a replica once its requests are done, or after its graceful
+shutdown timeout, which fails them over like a crash).
+
+Failures: a replica that errors at the Ray level (its process died, it is being replaced, it was
+removed and refused a call meant for it) is marked down; its sessions move on their next request,
+and the request in flight is retried once on another replica (which gets the client's documents
+first). A second failure answers the request with an error that says so. A replica marked down comes
+back once it answers a ping again, unless Serve removed it meanwhile.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -93,24 +102,28 @@ class DocumentMirror:
 class RemoteWorker:
     def __init__(
         self,
-        handles: dict,  # replica name -> DeploymentHandle
+        handle,  # the replicas' DeploymentHandle; which replicas exist comes through replicas_changed
         mirror: DocumentMirror,
         counters: ServerCounters,
         queue_size: int,
         overload_at: int = OVERLOAD_AT,
         on_stop: Callable[[], None] | None = None,
     ) -> None:
-        self.handles = handles
+        self.handle = handle
         self.mirror = mirror
         self.counters = counters  # totals over every replica
         self.queue_size = queue_size
-        self.table = SessionTable(list(handles), overload_at)
-        self.per_replica = {name: ServerCounters() for name in handles}
-        self.remote_stats: dict[str, dict] = {name: {} for name in handles}
+        self.table = SessionTable((), overload_at)
+        self.per_replica: dict[str, ServerCounters] = {}
+        self.remote_stats: dict[str, dict] = {}
         from serving.metrics import ReplicaMetrics  # prometheus_client: the serve extra
 
         self.metrics = ReplicaMetrics()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reported: frozenset[str] | None = None  # the latest set Serve reported, not yet applied
+        self._report_lock = threading.Lock()
         self._inflight: dict[CompletionJob, tuple[str, str]] = {}  # job -> (replica, request id)
+        self._runs: dict[CompletionJob, asyncio.Task] = {}  # job -> the task running it
         self._tasks: set[asyncio.Task] = set()
         self._probing: set[str] = set()
         self._request_ids = itertools.count(1)
@@ -118,9 +131,6 @@ class RemoteWorker:
         self._stats_task: asyncio.Task | None = None
         self.retried = 0  # requests sent again after their replica failed
         mirror.on_removed = self._document_closed
-        for name in handles:
-            self.metrics.healthy(name, True)
-            self.metrics.queue(name, 0)
 
     # -- ModelWorker's interface -------------------------------------------------------------------
 
@@ -130,6 +140,7 @@ class RemoteWorker:
 
     def submit(self, job: CompletionJob) -> None:
         """Send the job to its session's replica; ServerBusy when no replica can take it."""
+        self._attach()
         self.counters.count("requests")
         self.cancel(lambda other: other.key == job.key, "superseded")
         replica = self.table.route(job.key)
@@ -145,15 +156,16 @@ class RemoteWorker:
                 f"(the limit is {self.queue_size}); try again shortly"
             )
         self._begin(job, replica)
-        self._spawn(self._run(job, replica))
+        self._runs[job] = self._spawn(self._run(job, replica))
 
     def cancel(self, predicate: Callable[[CompletionJob], bool], reason: str) -> None:
         for job, (replica, request_id) in list(self._inflight.items()):
             if predicate(job) and not job.cancel.is_set():
                 job.stop(reason)
-                self._spawn(self._cancel_remote(replica, request_id, reason))
+                self._spawn(self._cancel_remote(job, replica, request_id, reason))
 
     def warm(self, job: WarmJob) -> None:
+        self._attach()
         replica = self.table.route((job.client, job.input.uri))
         if replica is None:
             return
@@ -173,6 +185,12 @@ class RemoteWorker:
 
     async def _run(self, job: CompletionJob, replica: str) -> None:
         """Run the job, retrying once on another replica if the first fails at the Ray level."""
+        try:
+            await self._attempts(job, replica)
+        finally:
+            self._runs.pop(job, None)
+
+    async def _attempts(self, job: CompletionJob, replica: str) -> None:
         failures: list[str] = []
         for attempt in range(2):
             try:
@@ -205,7 +223,7 @@ class RemoteWorker:
     def _begin(self, job: CompletionJob, replica: str) -> None:
         """Count the job against its replica at once (routing reads it) and make it cancellable."""
         self._inflight[job] = (replica, f"r{next(self._request_ids)}")
-        self.table.outstanding[replica] += 1
+        self.table.begin(replica)
         self.per_replica[replica].count("requests")
         self.metrics.queue(replica, self.table.outstanding[replica])
 
@@ -216,10 +234,8 @@ class RemoteWorker:
             if job.cancel.is_set():  # cancelled before it was sent
                 return CompletionOutcome("", Stats(), cancelled=True, reason=job.reason)
             updates = self.mirror.updates_for(replica, job.client)
-            stream = (
-                self.handles[replica]
-                .options(stream=True)
-                .complete.remote(request_id, job.client, job.input, updates)
+            stream = self.handle.options(stream=True).complete.remote(
+                request_id, job.client, job.input, updates, replica=replica
             )
             async for message in stream:
                 if "text" in message and job.on_text is not None:
@@ -232,8 +248,8 @@ class RemoteWorker:
             raise
         finally:
             self._inflight.pop(job, None)
-            self.table.outstanding[replica] -= 1
-            self.metrics.queue(replica, self.table.outstanding[replica])
+            self.table.end(replica)
+            self.metrics.queue(replica, self.table.outstanding.get(replica, 0))
         if outcome is None:
             raise RuntimeError("the replica's stream ended without an answer")
         return outcome
@@ -241,21 +257,66 @@ class RemoteWorker:
     def _finish(self, job: CompletionJob, replica: str, outcome: CompletionOutcome) -> None:
         if outcome.cancelled and job.reason:  # the front end knows why (superseded, closed, ...)
             outcome = replace(outcome, reason=job.reason)
-        for counters in (self.counters, self.per_replica[replica]):
+        # a replica Serve removed while this ran has no counters left: the totals still count it
+        counted = [self.counters, *([self.per_replica[replica]] if replica in self.per_replica else [])]
+        for counters in counted:
             if outcome.cancelled:
                 counters.count("cancelled")
             elif outcome.error:
                 counters.count("errors")
         if outcome.stats.tokens or outcome.stats.wall_s:
-            for counters in (self.counters, self.per_replica[replica]):
+            for counters in counted:
                 counters.record(outcome.stats, job.input.uri, outcome.cancelled)
             self.metrics.record(replica, outcome.stats, outcome.cancelled)
         resolve_outcome(job, outcome)
 
+    # -- replicas appearing and disappearing (Serve scaled the deployment or replaced a replica) ----------
+
+    def replicas_changed(self, replicas: frozenset[str]) -> None:
+        """Serve's router reports the running replicas (from its own thread); applied on the event loop."""
+        with self._report_lock:
+            self._reported = replicas
+            loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._apply_reported)
+
+    def _apply_reported(self) -> None:
+        with self._report_lock:
+            reported, self._reported = self._reported, None
+        if reported is not None:
+            self._apply_members(reported)
+
+    def _apply_members(self, replicas: frozenset[str]) -> None:
+        change = self.table.set_members(replicas)
+        for replica in change.added:
+            self.per_replica[replica] = ServerCounters()
+            self.remote_stats[replica] = {}
+            self.metrics.healthy(replica, True)
+            self.metrics.queue(replica, self.table.outstanding[replica])
+        for replica in change.removed:
+            self.mirror.forget(replica)
+            self.remote_stats.pop(replica, None)
+            self.metrics.healthy(replica, False)
+        if change.added or change.removed:
+            logger.warning(
+                "replicas now %s (+%s, -%s); %d sessions move",
+                sorted(replicas),
+                change.added,
+                change.removed,
+                len(change.moved),
+            )
+
+    def _attach(self) -> None:
+        """Bind to the running event loop, and apply the change Serve reported last, if not yet done."""
+        if self._loop is None:
+            with self._report_lock:
+                self._loop = asyncio.get_running_loop()
+        self._apply_reported()
+
     # -- replicas going down and coming back ---------------------------------------------------------
 
     def _mark_down(self, replica: str) -> None:
-        if not self.table.healthy[replica]:
+        if not self.table.healthy.get(replica):  # already down, or removed by Serve
             return
         moved = self.table.mark_down(replica)
         self.mirror.forget(replica)
@@ -266,15 +327,17 @@ class RemoteWorker:
             self._spawn(self._probe(replica))
 
     async def _probe(self, replica: str) -> None:
-        """Ping until Ray Serve's replacement answers (a daemon loop of the server, not of a test)."""
+        """Ping until the replica answers again, or Serve removes it (a daemon loop of the server)."""
         try:
-            while True:
+            while replica in self.table.healthy:
                 try:
                     async with asyncio.timeout(PROBE_TIMEOUT_S):
-                        await self.handles[replica].ping.remote()
+                        await self.handle.ping.remote(replica=replica)
                     break
                 except Exception:
                     await asyncio.sleep(PROBE_INTERVAL_S)
+            else:
+                return
             self.mirror.forget(replica)  # a fresh process: it holds no documents
             self.table.mark_up(replica)
             self.metrics.healthy(replica, True)
@@ -285,51 +348,63 @@ class RemoteWorker:
     def _document_closed(self, doc_id: str) -> None:
         client, _, uri = doc_id.partition(":")
         self.table.forget((int(client), uri))
-        for replica in self.handles:
-            if self.table.healthy[replica]:
+        for replica, healthy in self.table.healthy.items():
+            if healthy:
                 updates = self.mirror.updates_for(replica, -1)  # removals only
                 if updates:
                     self._spawn(self._call(replica, "forget", updates))
 
     async def _call(self, replica: str, method: str, *args) -> None:
         try:
-            await getattr(self.handles[replica], method).remote(*args)
+            await getattr(self.handle, method).remote(*args, replica=replica)
         except Exception as error:
             logger.warning("replica %s failed a %s call: %s", replica, method, _short(error))
             self._mark_down(replica)
 
-    async def _cancel_remote(self, replica: str, request_id: str, reason: str) -> None:
-        try:
-            await self.handles[replica].cancel.remote(request_id, reason)
-        except Exception as error:  # the stream itself reports the failure
-            logger.info("cancel on %s failed: %s", replica, _short(error))
+    async def _cancel_remote(self, job: CompletionJob, replica: str, request_id: str, reason: str) -> None:
+        """Cancel on the replica, which reports the reason back; else cancel the stream itself.
 
-    def _spawn(self, coroutine) -> None:
+        The call fails when the replica died (the stream reports that) or when Serve removed it and
+        its router no longer reaches it by name while it finishes its requests: then cancelling the
+        stream still reaches it, and the job ends cancelled at once.
+        """
+        try:
+            await self.handle.cancel.remote(request_id, reason, replica=replica)
+        except Exception as error:
+            logger.info("cancel on %s failed (%s): cancelling the stream", replica, _short(error))
+            if job in self._runs:
+                self._runs[job].cancel()
+
+    def _spawn(self, coroutine) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         if self._stats_task is None:
             self._stats_task = asyncio.get_running_loop().create_task(self._poll_stats())
+        return task
 
     # -- stats --------------------------------------------------------------------------------------
 
     async def _poll_stats(self) -> None:
         """Replica-side figures (pid, queue, memory, warm-ups) for specComplete/stats and /metrics."""
         while True:
-            for replica in self.handles:
-                if not self.table.healthy[replica]:
+            for replica in self.table.members:
+                if not self.table.healthy.get(replica):
                     continue
                 try:
                     async with asyncio.timeout(PROBE_TIMEOUT_S):  # not wait_for: 3.11's can eat a cancel
-                        self.remote_stats[replica] = await self.handles[replica].stats.remote()
+                        stats = await self.handle.stats.remote(replica=replica)
+                    if replica in self.remote_stats:  # not removed while it answered
+                        self.remote_stats[replica] = stats
                 except Exception:
                     pass  # the request path notices a dead replica
             await asyncio.sleep(STATS_INTERVAL_S)
 
     def replica_stats(self) -> list[dict]:
+        self._attach()
         loads = self.table.loads()
         entries = []
-        for name in self.handles:
+        for name in self.table.members:
             local = self.per_replica[name].snapshot()
             remote = self.remote_stats.get(name, {})
             entries.append(

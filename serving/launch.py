@@ -1,9 +1,11 @@
-"""`spec-complete serve --ws --replicas N`: start or join Ray, deploy N engine replicas, build the front end.
+"""`serve --ws --replicas N` or `--min-replicas A --max-replicas B`: Ray, the replicas, the front end.
 
-Each replica is its own Ray Serve application of one replica ("spec-complete-0", "-1", ...), so the
-front end holds one handle per replica and routes by session itself (serving/routing.py). Ray Serve
-health-checks each replica and replaces one whose process dies; the front end notices the failure
-on the request path and moves that replica's sessions until the replacement answers.
+The replicas are one Ray Serve deployment ("spec-complete"): a fixed number (--replicas), or as many
+as Ray Serve's autoscaler keeps between the bounds (--min-replicas/--max-replicas, scaling on the
+requests outstanding per replica). Its request router (serving/affinity.py) carries out the front
+end's per-session placement and reports which replicas run. Ray Serve health-checks each replica and
+replaces one whose process dies; the front end notices a failure on the request path and moves that
+replica's sessions.
 """
 
 from __future__ import annotations
@@ -14,12 +16,37 @@ import os
 import signal
 from dataclasses import dataclass
 
+from lsp_server.cli import shared_state
 from lsp_server.session import SharedState
-from lsp_server.settings import ServerLimits
 
 logger = logging.getLogger(__name__)
 
-APP_PREFIX = "spec-complete-"
+APP_NAME = "spec-complete"
+FIRST_PING_TIMEOUT_S = 300.0
+
+
+def scaling_options(args: argparse.Namespace) -> dict:
+    """The deployment's replica count: fixed, or Ray Serve's autoscaling config within the bounds.
+
+    >>> scaling_options(argparse.Namespace(replicas=2, max_replicas=None))
+    {'num_replicas': 2}
+    >>> bounds = argparse.Namespace(replicas=0, min_replicas=1, max_replicas=3,
+    ...     target_ongoing_requests=2.0, upscale_delay_s=30.0, downscale_delay_s=600.0)
+    >>> scaling_options(bounds)["autoscaling_config"]["initial_replicas"] is None  # min_replicas to start
+    True
+    """
+    if args.max_replicas is None:
+        return {"num_replicas": args.replicas}
+    return {
+        "autoscaling_config": {
+            "min_replicas": args.min_replicas,
+            "max_replicas": args.max_replicas,
+            "initial_replicas": args.replicas or None,  # None: start with min_replicas
+            "target_ongoing_requests": args.target_ongoing_requests,
+            "upscale_delay_s": args.upscale_delay_s,
+            "downscale_delay_s": args.downscale_delay_s,
+        }
+    }
 
 
 @dataclass(slots=True)
@@ -48,13 +75,16 @@ def _remote(worker) -> list[dict]:
 
 
 def start_routed(args: argparse.Namespace) -> RoutedState:
-    """Start Ray (or connect to --ray-address), deploy the replicas and wait until each has loaded."""
+    """Start Ray (or connect to --ray-address), deploy the replicas and wait until they have loaded."""
     import ray
     from ray import serve
+    from ray.serve.config import RequestRouterConfig
 
     from completion_engine.options import engine_config
     from lsp_server.stats import ServerCounters
+    from serving.affinity import SessionAffinityRouter
     from serving.front import DocumentMirror, RemoteWorker
+    from serving.membership import listen
     from serving.replica import EngineReplica, ReplicaConfig
 
     if args.ray_address:
@@ -72,75 +102,64 @@ def start_routed(args: argparse.Namespace) -> RoutedState:
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which sets its own: replicas go down too
     serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
-    limits = ServerLimits(
-        queue_size=args.queue_size,
-        max_document_bytes=args.max_document_kb * 1024,
-        corpus_tokens=args.corpus_tokens,
-        max_clients=args.max_clients,
-    )
     config = ReplicaConfig(engine_config(args), args.queue_size, args.corpus_tokens)
     actor_options = {"num_cpus": args.cpus_per_replica, "num_gpus": args.gpus_per_replica}
     env = {name: value for name, value in os.environ.items() if name.startswith("SPEC_COMPLETE_")}
     if env:
         actor_options["runtime_env"] = {"env_vars": env}
-    replica_logging = {"log_level": "INFO" if args.verbose else "WARNING", "enable_access_log": args.verbose}
-    names = [f"{APP_PREFIX}{index}" for index in range(args.replicas)]
-    handles = {}
-    try:
-        for name in names:
-            deployment = EngineReplica.options(
-                name=name,
-                num_replicas=1,
-                ray_actor_options=actor_options,
-                logging_config=replica_logging,
-            )
-            handles[name] = serve.run(deployment.bind(config), name=name, route_prefix=None)
-    except BaseException:
-        _shutdown(args.ray_address is not None, names)
-        raise
-
-    def stop() -> None:
-        _shutdown(args.ray_address is not None, names)
-
     counters = ServerCounters()
     mirror = DocumentMirror()
-    worker = RemoteWorker(handles, mirror, counters, args.queue_size, args.overload_at, on_stop=stop)
-    from completion_engine.options import completion_options
-
-    defaults = completion_options(args)
+    joined = args.ray_address is not None
+    try:
+        deployment = EngineReplica.options(
+            name=APP_NAME,
+            ray_actor_options=actor_options,
+            logging_config={
+                "log_level": "INFO" if args.verbose else "WARNING",
+                "enable_access_log": args.verbose,
+            },
+            request_router_config=RequestRouterConfig(request_router_class=SessionAffinityRouter),
+            **scaling_options(args),
+        )
+        handle = serve.run(deployment.bind(config), name=APP_NAME, route_prefix=None)
+        worker = RemoteWorker(
+            handle, mirror, counters, args.queue_size, args.overload_at, on_stop=lambda: _shutdown(joined)
+        )
+        listen(APP_NAME, worker.replicas_changed)
+        # the first call starts Serve's router in this process, which reports the replicas
+        handle.ping.remote().result(timeout_s=FIRST_PING_TIMEOUT_S)
+    except BaseException:
+        _shutdown(joined)
+        raise
     model = {
         "target": args.target,
         "draft_model": args.draft_model,
         "replicas": args.replicas,
+        "min_replicas": args.min_replicas,
+        "max_replicas": args.max_replicas,
         "gpus_per_replica": args.gpus_per_replica,
         "ray_address": args.ray_address,
     }
-    return RoutedState(
-        worker=worker,
-        corpus=mirror,
-        counters=counters,
-        limits=limits,
-        defaults=defaults,
-        model=model,
-        draft_model_loaded=args.draft_model is not None,
-    )
+    return shared_state(RoutedState, args, worker, mirror, counters, model)
 
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _shutdown(joined_cluster: bool, names: list[str]) -> None:
+def _shutdown(joined_cluster: bool) -> None:
     """Take the replicas down; a local Ray instance started here goes with them."""
     import ray
     from ray import serve
 
+    from serving.membership import stop_listening
+
+    stop_listening(APP_NAME)
     if not ray.is_initialized():
         return
     try:
         if joined_cluster:
-            for name in names:
-                serve.delete(name)
+            serve.delete(APP_NAME)
         else:
             serve.shutdown()
     finally:

@@ -10,6 +10,11 @@ corpus applies before the request runs. Completions stream back as messages:
 
 Cancelling the stream (the front end's request was cancelled or superseded) cancels the job; so
 does `cancel(request_id, reason)`, which also carries the reason back in the outcome.
+
+All replicas are one deployment, and every call names the replica it is meant for (`replica=`, see
+serving/affinity.py). A replica that gets a call meant for another (which Serve had just removed)
+refuses it with ReplicaMismatch, so the front end never believes a replica holds documents it was
+never sent.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from lsp_server.worker import CompletionInput, CompletionJob, CompletionOutcome,
 
 CANCELLED_EARLY_KEPT = 1024
 DocumentUpdate = tuple[str, str | None]  # (doc_id, latest text or None when it was closed)
+
+
+class ReplicaMismatch(RuntimeError):
+    """A call meant for another replica reached this one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +60,11 @@ class EngineReplica:
         self.worker.start()
         self.jobs: dict[str, CompletionJob] = {}
         self.cancelled_early: dict[str, str] = {}  # request id -> reason: the cancel overtook the request
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+
+    def _check(self, replica: str | None) -> None:
+        if replica is not None and replica != self.replica_id:
+            raise ReplicaMismatch(f"a call for replica {replica} reached replica {self.replica_id}")
 
     def _apply(self, updates: list[DocumentUpdate]) -> None:
         for doc_id, text in updates:
@@ -60,8 +74,15 @@ class EngineReplica:
                 self.corpus.update(doc_id, text)
 
     async def complete(
-        self, request_id: str, client: int, request: CompletionInput, updates: list[DocumentUpdate]
+        self,
+        request_id: str,
+        client: int,
+        request: CompletionInput,
+        updates: list[DocumentUpdate],
+        *,
+        replica: str,
     ):
+        self._check(replica)
         self._apply(updates)
         if request_id in self.cancelled_early:
             self.counters.count("cancelled")
@@ -100,7 +121,8 @@ class EngineReplica:
             if not job.result.done():
                 self.worker.cancel(lambda running: running is job, "client")
 
-    def cancel(self, request_id: str, reason: str) -> bool:
+    def cancel(self, request_id: str, reason: str, *, replica: str) -> bool:
+        self._check(replica)
         job = self.jobs.get(request_id)
         if job is None:  # not arrived yet (calls may overtake each other), or already answered
             self.cancelled_early[request_id] = reason
@@ -110,15 +132,20 @@ class EngineReplica:
         self.worker.cancel(lambda running: running is job, reason)
         return True
 
-    def warm(self, client: int, completion_input: CompletionInput, updates: list[DocumentUpdate]) -> None:
+    def warm(
+        self, client: int, completion_input: CompletionInput, updates: list[DocumentUpdate], *, replica: str
+    ) -> None:
+        self._check(replica)
         self._apply(updates)
         self.worker.warm(WarmJob(client, completion_input))
 
-    def forget(self, updates: list[DocumentUpdate]) -> None:
+    def forget(self, updates: list[DocumentUpdate], *, replica: str) -> None:
         """Closed documents: take them out of the corpus."""
+        self._check(replica)
         self._apply(updates)
 
-    def stats(self) -> dict:
+    def stats(self, *, replica: str) -> dict:
+        self._check(replica)
         return self.counters.snapshot(
             {
                 "queued": self.worker.queued,
@@ -131,7 +158,9 @@ class EngineReplica:
             }
         )
 
-    def ping(self) -> int:
+    def ping(self, *, replica: str | None = None) -> int:
+        """This replica's pid; `replica=None` asks any replica (the front end's first call)."""
+        self._check(replica)
         return os.getpid()
 
     def __del__(self) -> None:

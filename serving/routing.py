@@ -13,7 +13,7 @@ to b if b has fewer than 4; if every replica has 4 or more it stays (moving woul
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 # A session leaves its replica when 4 requests are already outstanding there. A move costs one cold
@@ -47,25 +47,58 @@ def choose_replica(
     return least
 
 
-class SessionTable:
-    """Session -> replica assignments, with the loads the routing reads. Not thread-safe (event loop)."""
+@dataclass(frozen=True, slots=True)
+class MembershipChange:
+    added: list[str]
+    removed: list[str]
+    moved: list[Hashable]  # sessions that were on a removed replica: placed again on their next request
 
-    def __init__(self, replicas: list[str], overload_at: int = OVERLOAD_AT) -> None:
+
+class SessionTable:
+    """Session -> replica assignments, with the loads the routing reads. Not thread-safe (event loop).
+
+    The members are the replicas Ray Serve runs now (they change as it scales or replaces one); a
+    member is healthy unless a call to it failed and it has not answered since. A removed replica's
+    outstanding requests are still counted until they end (Serve lets them finish before it stops it).
+    """
+
+    def __init__(self, replicas: Iterable[str] = (), overload_at: int = OVERLOAD_AT) -> None:
         self.overload_at = overload_at
         self.assigned: dict[Hashable, str] = {}
-        self.outstanding: dict[str, int] = dict.fromkeys(replicas, 0)
-        self.healthy: dict[str, bool] = dict.fromkeys(replicas, True)
+        self.healthy: dict[str, bool] = {}  # member -> routable
+        self.outstanding: dict[str, int] = {}  # members, and removed replicas still finishing requests
+        self.set_members(replicas)
+
+    @property
+    def members(self) -> list[str]:
+        return list(self.healthy)
+
+    def set_members(self, replicas: Iterable[str]) -> MembershipChange:
+        """Serve's replica set changed: new members take sessions at once, removed ones lose theirs."""
+        current = set(replicas)
+        added = sorted(current - set(self.healthy))
+        removed = sorted(set(self.healthy) - current)
+        moved: list[Hashable] = []
+        for replica in removed:
+            moved += self._unassign(replica)
+            del self.healthy[replica]
+            if self.outstanding.get(replica) == 0:
+                del self.outstanding[replica]
+        for replica in added:
+            self.healthy[replica] = True
+            self.outstanding.setdefault(replica, 0)
+        return MembershipChange(added, removed, moved)
 
     def sessions_on(self, replica: str) -> int:
         return sum(1 for placed in self.assigned.values() if placed == replica)
 
     def loads(self) -> dict[str, ReplicaLoad]:
-        sessions = dict.fromkeys(self.outstanding, 0)
+        sessions = dict.fromkeys(self.healthy, 0)
         for replica in self.assigned.values():
             sessions[replica] += 1
         return {
             name: ReplicaLoad(self.healthy[name], self.outstanding[name], sessions[name])
-            for name in self.outstanding
+            for name in self.healthy
         }
 
     def route(self, session: Hashable) -> str | None:
@@ -77,16 +110,31 @@ class SessionTable:
             self.assigned[session] = chosen
         return chosen
 
+    def begin(self, replica: str) -> None:
+        """A request was sent to the replica."""
+        self.outstanding[replica] += 1
+
+    def end(self, replica: str) -> None:
+        """A request on the replica ended (answered, failed or cancelled)."""
+        self.outstanding[replica] -= 1
+        if replica not in self.healthy and self.outstanding[replica] == 0:
+            del self.outstanding[replica]
+
     def forget(self, session: Hashable) -> None:
         self.assigned.pop(session, None)
 
     def mark_down(self, replica: str) -> list[Hashable]:
         """The replica failed: its sessions lose their place (they move on their next request)."""
-        self.healthy[replica] = False
+        if replica in self.healthy:
+            self.healthy[replica] = False
+        return self._unassign(replica)
+
+    def mark_up(self, replica: str) -> None:
+        if replica in self.healthy:  # not when Serve removed it meanwhile
+            self.healthy[replica] = True
+
+    def _unassign(self, replica: str) -> list[Hashable]:
         moved = [session for session, placed in self.assigned.items() if placed == replica]
         for session in moved:
             del self.assigned[session]
         return moved
-
-    def mark_up(self, replica: str) -> None:
-        self.healthy[replica] = True

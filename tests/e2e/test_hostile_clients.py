@@ -12,21 +12,21 @@ import asyncio
 import json
 import os
 import random
-import sys
 import time
 
 import pytest
 import pytest_asyncio
 from websockets.exceptions import InvalidStatus
 
-from lsp_server.client import LspClient, announced_url, stop_process
+from lsp_server.client import LspClient
+from tests.servers import TINY_SERVER, ws_server
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TOKEN = "hostile-token-0123456789"
-SERVER = [sys.executable, "-m", "lsp_server", "--target", "tiny-random", "--threads", "1"]
+SERVER = TINY_SERVER
 MAX_DOCUMENTS = 40
-LIMITS = [
+FLAGS = [
     "--queue-size", "4",
     "--max-new-tokens", "8",
     "--max-document-kb", "2048",
@@ -45,42 +45,10 @@ CODES = {
 }
 
 
-async def start_ws(*extra: str) -> tuple[asyncio.subprocess.Process, str]:
-    """A WebSocket server and the URL it announced (with its token, when it generated one)."""
-    process = await asyncio.create_subprocess_exec(
-        *SERVER, *LIMITS, "--ws", "--port", "0", *extra, stdout=asyncio.subprocess.PIPE
-    )
-    line = (await asyncio.wait_for(process.stdout.readline(), 180)).decode()
-    url = announced_url(line)
-    assert url, f"the server did not print its URL: {line!r}"
-    return process, url
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def ws_url():
-    process, url = await start_ws("--token", TOKEN)
-    yield url
-    await stop_process(process)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stdio_client():
-    client = await LspClient.stdio(*SERVER, *LIMITS, "--stdio")
-    await client.initialize(OPTIONS)
-    yield client
-    await client.close()
-    assert client.returncode == 0, "the stdio server should still exit cleanly after all this"
-
-
-@pytest_asyncio.fixture(params=["stdio", "ws"], loop_scope="module")
-async def hostile(request, ws_url, stdio_client):
+@pytest_asyncio.fixture(loop_scope="module")
+async def hostile(client):
     """A connected, initialized client over either transport (stdio: the module's one connection)."""
-    if request.param == "stdio":
-        yield stdio_client
-        return
-    connection = await connect(ws_url)
-    yield connection
-    await connection.kill()
+    yield client
 
 
 async def connect(url: str, **kwargs) -> LspClient:
@@ -402,8 +370,7 @@ async def test_a_browser_page_cannot_connect(ws_url, origin):
 
 
 async def test_a_loopback_server_makes_its_own_token_and_lets_listed_origins_in():
-    process, url = await start_ws("--allow-origin", "https://ide.example.com")
-    try:
+    async with ws_server(*FLAGS, "--allow-origin", "https://ide.example.com") as url:
         assert "?token=" in url  # no --token given: one was generated and printed, ready to paste
         bare = url.split("/?")[0]
         with pytest.raises(InvalidStatus) as refused:
@@ -418,13 +385,10 @@ async def test_a_loopback_server_makes_its_own_token_and_lets_listed_origins_in(
         with pytest.raises(InvalidStatus) as other:
             await LspClient.websocket(url, origin="https://other.example.com")
         assert other.value.response.status_code == 403
-    finally:
-        await stop_process(process)
 
 
 async def test_no_token_must_be_asked_for_and_stays_on_loopback():
-    process, url = await start_ws("--no-token")
-    try:
+    async with ws_server(*FLAGS, "--no-token") as url:
         assert "?token=" not in url
         client = await LspClient.websocket(url)
         try:
@@ -432,8 +396,6 @@ async def test_no_token_must_be_asked_for_and_stays_on_loopback():
             await assert_served(client)
         finally:
             await client.kill()
-    finally:
-        await stop_process(process)
     env = {k: v for k, v in os.environ.items() if k != "SPEC_COMPLETE_TOKEN"}
     refused = await asyncio.create_subprocess_exec(
         *SERVER, "--ws", "--port", "0", "--host", "0.0.0.0", "--allow-remote", "--no-token",

@@ -11,66 +11,24 @@ import asyncio
 import json
 import os
 import random
-import re
-import sys
 
 import pytest
-import pytest_asyncio
 
-from lsp_server.client import LspClient, stop_process
+from lsp_server.client import LspClient
+from tests.servers import TINY_SERVER
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TOKEN = "e2e-token-0123456789"
-SERVER = [sys.executable, "-m", "lsp_server", "--target", "tiny-random", "--threads", "1"]
-LIMITS = ["--queue-size", "4", "--max-document-kb", "64", "--max-new-tokens", "16"]
-SHORT = {"syntax": False, "maxNewTokens": 16, "draft": "ngram", "temperature": 0}
+SERVER = TINY_SERVER
+FLAGS = ["--queue-size", "4", "--max-document-kb", "64", "--max-new-tokens", "16"]
+OPTIONS = SHORT = {"syntax": False, "maxNewTokens": 16, "draft": "ngram", "temperature": 0}
 LONG = {"syntax": False, "maxNewTokens": 4000, "draft": "none"}  # seconds of work: long enough to cancel
 SOURCE = (
     "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\nclass Point:\n    x = 1\n"
 )
 
 RESULT_CODES = {"cancelled": -32800, "server_cancelled": -32802, "failed": -32803, "invalid_params": -32602}
-
-
-async def start_ws_server(*extra: str) -> tuple[asyncio.subprocess.Process, str]:
-    process = await asyncio.create_subprocess_exec(
-        *SERVER, *LIMITS, "--ws", "--port", "0", *extra, stdout=asyncio.subprocess.PIPE
-    )
-    line = (await asyncio.wait_for(process.stdout.readline(), 180)).decode()
-    found = re.search(r"ws://[\w.\[\]:]+:\d+", line)
-    assert found, f"the server did not print its URL: {line!r}"
-    return process, found.group(0)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def ws_server():
-    process, url = await start_ws_server("--token", TOKEN)
-    yield url
-    await stop_process(process)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stdio_client():
-    client = await LspClient.stdio(*SERVER, *LIMITS, "--stdio")
-    await client.initialize(SHORT)
-    yield client
-    await client.close()
-    assert client.returncode == 0, "the stdio server should exit 0 after shutdown + exit"
-
-
-@pytest_asyncio.fixture(params=["stdio", "ws"], loop_scope="module")
-async def client(request, ws_server, stdio_client):
-    """A connected, initialized client with SHORT settings, over either transport."""
-    if request.param == "stdio":
-        shared = stdio_client
-        shared.notify("workspace/didChangeConfiguration", {"settings": {"specComplete": SHORT}})
-        yield shared
-        return
-    connection = await LspClient.websocket(ws_server, TOKEN)
-    await connection.initialize(SHORT)
-    yield connection
-    await connection.kill()
 
 
 async def connect_ws(url: str, options: dict | None = None) -> LspClient:
@@ -98,8 +56,8 @@ async def first_partial(client: LspClient, token: str) -> None:
 # -- the basics ---------------------------------------------------------------------------------------
 
 
-async def test_initialize_advertises_inline_completion_and_incremental_sync(ws_server):
-    connection = await LspClient.websocket(ws_server, TOKEN)
+async def test_initialize_advertises_inline_completion_and_incremental_sync(ws_url):
+    connection = await LspClient.websocket(ws_url, TOKEN)
     try:
         capabilities = (await connection.initialize(SHORT))["capabilities"]
     finally:
@@ -390,8 +348,8 @@ async def test_fuzz_every_request_is_answered_and_completions_still_work(client)
     assert "result" in response and response["result"]["items"]
 
 
-async def test_lifecycle_out_of_order(ws_server):
-    connection = await LspClient.websocket(ws_server, TOKEN)
+async def test_lifecycle_out_of_order(ws_url):
+    connection = await LspClient.websocket(ws_url, TOKEN)
     try:
         early = await connection.request("specComplete/stats")
         assert error_code(early) == -32002  # not initialized
@@ -400,7 +358,7 @@ async def test_lifecycle_out_of_order(ws_server):
         await connection.wait_for(lambda: connection.closed, timeout=30)
     finally:
         await connection.kill()
-    connection = await LspClient.websocket(ws_server, TOKEN)
+    connection = await LspClient.websocket(ws_url, TOKEN)
     try:
         await connection.initialize(SHORT)
         again = await connection.request("initialize", {"capabilities": {}})
@@ -436,8 +394,8 @@ async def test_a_stdio_client_vanishing_mid_stream_ends_its_server_cleanly():
 # -- WebSocket only: many clients, tokens, dying clients --------------------------------------------------
 
 
-async def test_concurrent_clients_are_all_served(ws_server):
-    clients = [await connect_ws(ws_server) for _ in range(4)]
+async def test_concurrent_clients_are_all_served(ws_url):
+    clients = [await connect_ws(ws_url) for _ in range(4)]
     try:
         uris = [unique_uri(f"multi{i}") for i in range(len(clients))]
         for connection, uri in zip(clients, uris, strict=True):
@@ -449,10 +407,10 @@ async def test_concurrent_clients_are_all_served(ws_server):
             await connection.kill()
 
 
-async def test_a_client_killed_mid_stream_frees_the_worker(ws_server):
-    survivor = await connect_ws(ws_server)
+async def test_a_client_killed_mid_stream_frees_the_worker(ws_url):
+    survivor = await connect_ws(ws_url)
     before = await survivor.stats()
-    dying = await connect_ws(ws_server, LONG)
+    dying = await connect_ws(ws_url, LONG)
     uri = unique_uri("dying")
     dying.open(uri, SOURCE)
     token = "dying"
@@ -470,15 +428,15 @@ async def test_a_client_killed_mid_stream_frees_the_worker(ws_server):
         await survivor.kill()
 
 
-async def test_websocket_needs_the_token(ws_server):
+async def test_websocket_needs_the_token(ws_url):
     from websockets.exceptions import InvalidStatus
 
     for token in (None, "wrong-token-000"):
         with pytest.raises(InvalidStatus) as refused:
-            await LspClient.websocket(ws_server, token)
+            await LspClient.websocket(ws_url, token)
         assert refused.value.response.status_code == 401
         assert b"token" in refused.value.response.body
-    bearer = await LspClient.websocket(ws_server, TOKEN, bearer=True)
+    bearer = await LspClient.websocket(ws_url, TOKEN, bearer=True)
     try:
         await bearer.initialize(SHORT)
     finally:
@@ -499,11 +457,11 @@ async def test_binding_beyond_loopback_needs_a_flag_and_a_token(flags, reason):
     assert reason in stderr.decode()
 
 
-async def test_cross_file_and_fim_options_reach_the_completion_path(ws_server):
+async def test_cross_file_and_fim_options_reach_the_completion_path(ws_url):
     """Other open documents travel with the request when crossFileTokens is on (the tiny model has no
     file separator token, so the prompt stays the same: the answer must not change)."""
-    plain = await connect_ws(ws_server, SHORT)
-    with_files = await connect_ws(ws_server, {**SHORT, "crossFileTokens": 256, "fim": "auto"})
+    plain = await connect_ws(ws_url, SHORT)
+    with_files = await connect_ws(ws_url, {**SHORT, "crossFileTokens": 256, "fim": "auto"})
     try:
         texts = []
         for connection in (plain, with_files):

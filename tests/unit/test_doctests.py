@@ -1,4 +1,4 @@
-"""The examples in docstrings run: every module of the three packages that has one."""
+"""The examples in docstrings run: every module of our packages that has one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("completion_engine", "lsp_server", "eval")
+PACKAGES = ("completion_engine", "lsp_server", "eval", "serving")
 
 
 def modules_with_examples() -> list[str]:

@@ -71,3 +71,21 @@ def test_the_mirror_sends_a_replica_only_what_it_has_not_seen():
 
 def test_client_of_reads_the_doc_id_prefix():
     assert client_of("12:file:///x:y.py") == 12
+
+
+def test_replicas_that_serve_adds_take_sessions_and_removed_ones_give_theirs_up():
+    table = SessionTable(["r0"])
+    first, second = (1, "file:///a.py"), (2, "file:///b.py")
+    assert table.route(first) == "r0"
+    table.begin("r0")  # a request of `first` runs on r0
+    change = table.set_members(["r0", "r1"])
+    assert (change.added, change.removed, change.moved) == (["r1"], [], [])
+    assert table.route(second) == "r1"  # the newcomer is idle
+    change = table.set_members(["r1"])  # scaled down: r0 goes
+    assert (change.added, change.removed, change.moved) == ([], ["r0"], [first])
+    assert table.members == ["r1"] and table.outstanding["r0"] == 1  # its request still counts...
+    table.end("r0")
+    assert "r0" not in table.outstanding  # ...until it ends
+    assert table.route(first) == "r1"
+    table.mark_up("r0")  # a late ping answer from a removed replica does not bring it back
+    assert table.members == ["r1"]
