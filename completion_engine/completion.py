@@ -19,7 +19,7 @@ from completion_engine.crossfile import neighbourhood, render_files, repo_separa
 from completion_engine.drafters import drafter_spec
 from completion_engine.fim import FIM_CHOICES, choose_fim, suffix_window
 from completion_engine.prompt import prompt_window, stable_tail
-from completion_engine.stopping import stop_policy
+from completion_engine.stopping import LINE_MODES, limit_lines, line_limit, stop_policy
 from completion_engine.types import Request, Stats
 
 if TYPE_CHECKING:
@@ -44,9 +44,15 @@ class CompletionOptions:
     healing: bool = True  # back off the prompt's last token and constrain the first ones to spell it
     fim: str = "auto"  # fill-in-the-middle: "auto" (from the tokenizer) | "off" | a family in FIM_FORMATS
     cross_file_tokens: int = 0  # budget for snippets of other open files (0: none); see crossfile.py
+    lines: str = "multi"  # "single" | "multi" | "auto" (multi-line at an empty line or after a block opener)
+    max_lines: int = 0  # most lines of a multi-line completion (0: no limit)
 
     def __post_init__(self) -> None:
         drafter_spec(self.draft)  # ValueError for an unknown name: no silent fall-through
+        if self.lines not in LINE_MODES:
+            raise ValueError(f"unknown lines mode {self.lines!r}; choose one of {', '.join(LINE_MODES)}")
+        if self.max_lines < 0:
+            raise ValueError("max_lines must be >= 0")
         if self.fim not in FIM_CHOICES:
             raise ValueError(f"unknown FIM format {self.fim!r}; choose one of {', '.join(FIM_CHOICES)}")
         if self.max_new_tokens < 1:
@@ -160,6 +166,7 @@ def complete(
     """Complete at the cursor. on_text receives the visible completion so far (the whole text)."""
     prompt = prompt or build_prompt(engine, cursor, options)
     policy = stop_policy(cursor.prefix, cursor.suffix, cursor.language_id, cursor.path, options.syntax)
+    policy = limit_lines(policy, line_limit(options.lines, options.max_lines, cursor.prefix, cursor.suffix))
     generation = engine.stream(request_for(prompt, options), cancel=cancel, stop_check=policy.stop_at)
     for chunk in generation:
         if on_text is not None and chunk.text:

@@ -291,6 +291,61 @@ def stop_policy(prefix: str, suffix: str, language_id: str, path: str, syntax: b
     return StopPolicy(fallback.stop_at, fallback.visible, finalize, fallback.source)
 
 
+LINE_MODES = ("single", "multi", "auto")
+# a line ending in one of these opens a block, where "auto" goes multi-line
+BLOCK_OPENERS = (":", "{", "(", "[", "=>")
+
+
+def line_limit(mode: str, max_lines: int, prefix: str, suffix: str) -> int:
+    """How many lines a completion at this cursor may have (0: no limit).
+
+    "auto" is multi-line where a block is being written: at an empty line, or after a block opener;
+    elsewhere it finishes the current line only.
+
+    >>> line_limit("auto", 0, "if x:\\n    ", "\\n"), line_limit("auto", 5, "def f(", ")")
+    (0, 5)
+    >>> line_limit("auto", 5, "x = f", "")
+    1
+    """
+    if mode == "single":
+        return 1
+    line_before = prefix[prefix.rfind("\n") + 1 :]
+    line_after = suffix.split("\n", 1)[0]
+    at_opener = line_before.rstrip().endswith(BLOCK_OPENERS)
+    if mode == "auto" and (line_before + line_after).strip() and not at_opener:
+        return 1
+    return max_lines
+
+
+def cut_at_line(max_lines: int) -> StopAt:
+    """A stop check keeping the first `max_lines` lines (the line break ending the last one is cut).
+
+    It depends only on the text, so it cuts in the same place however the text arrives.
+
+    >>> cut_at_line(2)("a\\nb\\nc"), cut_at_line(1)("abc")
+    (3, None)
+    """
+
+    def stop_at(text: str) -> int | None:
+        end = -1
+        for _ in range(max_lines):
+            end = text.find("\n", end + 1)
+            if end < 0:
+                return None
+        return end
+
+    return stop_at
+
+
+def limit_lines(policy: StopPolicy, max_lines: int) -> StopPolicy:
+    """The policy, also stopping after `max_lines` lines (0: unchanged)."""
+    if max_lines <= 0:
+        return policy
+    limit = cut_at_line(max_lines)
+    stop_at = limit if policy.stop_at is None else earliest(policy.stop_at, limit)
+    return StopPolicy(stop_at, policy.visible, policy.finalize, policy.source)
+
+
 def policy_description() -> str:
     """How completions end, for eval reports."""
     try:

@@ -10,14 +10,31 @@ from pygls.protocol import default_converter
 
 from lsp_server.documents import DocumentError, TextChange
 from lsp_server.protocol import RequestFailed, ServerCancelled, SpecCompleteServer, partial_result_token
-from lsp_server.results import completion_result, inline_result
-from lsp_server.session import ClientSession, Completion, CompletionCancelled, CompletionFailed
+from lsp_server.results import (
+    ACCEPT_COMMAND,
+    accept_command,
+    accepted_length,
+    completion_result,
+    inline_result,
+    reported_item,
+    suggestion_ref,
+)
+from lsp_server.session import (
+    ClientSession,
+    Completion,
+    CompletionCancelled,
+    CompletionFailed,
+    SuggestionError,
+)
 from lsp_server.settings import InvalidOptions
 from lsp_server.worker import ServerBusy
 
 SERVER_NAME = "spec-complete"
 SERVER_VERSION = "0.1.0"
 STATS_METHOD = "specComplete/stats"
+# Copilot's language server takes these two notifications; the item they carry is one we answered
+SHOWN_METHOD = "textDocument/didShowCompletion"
+PARTIALLY_ACCEPTED_METHOD = "textDocument/didPartiallyAcceptCompletion"
 _CONVERTER = default_converter()
 
 
@@ -80,17 +97,49 @@ def build_server(session: ClientSession) -> SpecCompleteServer:
     def stats(ls: SpecCompleteServer, params: object) -> dict:
         return session.shared.stats(session)
 
+    @server.feature(SHOWN_METHOD)
+    def did_show(ls: SpecCompleteServer, params: object) -> None:
+        try:
+            suggestion, _ = reported_item(_plain(params))
+        except ValueError as error:
+            _warn(ls, f"{SHOWN_METHOD}: {error}")
+            return
+        session.shown(suggestion)
+
+    @server.feature(PARTIALLY_ACCEPTED_METHOD)
+    def did_partially_accept(ls: SpecCompleteServer, params: object) -> None:
+        try:
+            plain = _plain(params)
+            suggestion, skipped = reported_item(plain)
+            session.accepted(suggestion, skipped, accepted_length(plain))
+        except ValueError as error:  # SuggestionError included
+            _warn(ls, f"{PARTIALLY_ACCEPTED_METHOD}: {error}")
+
+    @server.command(ACCEPT_COMMAND)
+    def did_accept(ls: SpecCompleteServer, *arguments: object) -> None:
+        try:
+            suggestion, skipped = suggestion_ref(list(arguments))
+            session.accepted(suggestion, skipped)
+        except (ValueError, SuggestionError) as error:
+            raise JsonRpcInvalidParams(f"{ACCEPT_COMMAND}: {error}") from None
+
     return server
 
 
 def _inline(completion: Completion) -> types.InlineCompletionList:
-    return inline_result(completion.text, completion.position)
+    return inline_result(
+        completion.text, completion.position, accept_command(completion.suggestion, completion.skipped)
+    )
 
 
 def _completion_list(encoding: str) -> Callable[[Completion], types.CompletionList]:
     def build(completion: Completion) -> types.CompletionList:
         return completion_result(
-            completion.text, completion.cursor.line_prefix, completion.position, encoding
+            completion.text,
+            completion.cursor.line_prefix,
+            completion.position,
+            encoding,
+            accept_command(completion.suggestion, completion.skipped),
         )
 
     return build
@@ -123,6 +172,15 @@ def _text_change(change: types.TextDocumentContentChangeEvent) -> TextChange:
         start, end = change.range.start, change.range.end
         return TextChange(change.text, ((start.line, start.character), (end.line, end.character)))
     return TextChange(change.text)
+
+
+def _plain(value: object) -> object:
+    """pygls hands a custom notification's params over as namedtuples: back to plain JSON values."""
+    if hasattr(value, "_asdict"):
+        return {key: _plain(item) for key, item in value._asdict().items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 def _warn(ls: SpecCompleteServer, message: str) -> None:

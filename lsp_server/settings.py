@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from completion_engine.completion import CompletionOptions
 from completion_engine.drafters import DRAFT_METHODS
 from completion_engine.fim import FIM_CHOICES
+from completion_engine.stopping import LINE_MODES
 
 MAX_NEW_TOKENS_CAP = 4096  # the engine's cache has room for about this many generated tokens
 
@@ -39,8 +40,11 @@ OPTION_FIELDS = {
     "healing": "healing",
     "fim": "fim",
     "crossFileTokens": "cross_file_tokens",
+    "lines": "lines",
+    "maxLines": "max_lines",
 }
 MAX_CROSS_FILE_TOKENS = 2048
+MAX_LINES_CAP = 1000
 
 
 def apply_options(base: CompletionOptions, options: object) -> CompletionOptions:
@@ -81,7 +85,45 @@ def apply_options(base: CompletionOptions, options: object) -> CompletionOptions
                 f"crossFileTokens must be an integer from 0 to {MAX_CROSS_FILE_TOKENS}, not {value!r:.40}"
             )
         changes["cross_file_tokens"] = value
+    if "lines" in options and options["lines"] is not None:
+        if options["lines"] not in LINE_MODES:
+            choices = ", ".join(LINE_MODES)
+            raise InvalidOptions(f"lines must be one of {choices}, not {options['lines']!r:.40}")
+        changes["lines"] = options["lines"]
+    if "maxLines" in options and options["maxLines"] is not None:
+        value = options["maxLines"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LINES_CAP:
+            raise InvalidOptions(f"maxLines must be an integer from 0 to {MAX_LINES_CAP}, not {value!r:.40}")
+        changes["max_lines"] = value
     return replace(base, **changes)
+
+
+def apply_languages(base: dict[str, bool], options: object) -> dict[str, bool]:
+    """The client's `languages` option (language id -> enabled; "*" for the rest) over `base`.
+
+    >>> apply_languages({"*": True}, {"languages": {"markdown": False}})
+    {'markdown': False}
+    """
+    if not isinstance(options, dict) or options.get("languages") is None:
+        return base
+    languages = options["languages"]
+    if not isinstance(languages, dict) or not all(
+        isinstance(name, str) and isinstance(on, bool) for name, on in languages.items()
+    ):
+        raise InvalidOptions(
+            f'languages must map language ids to true or false (e.g. {{"*": true, "markdown": false}}), '
+            f"not {languages!r:.60}"
+        )
+    return dict(languages)
+
+
+def language_enabled(languages: dict[str, bool], language_id: str) -> bool:
+    """Whether completions are wanted in a language ("*" covers those not listed; default on).
+
+    >>> language_enabled({"*": False, "python": True}, "python"), language_enabled({}, "go")
+    (True, True)
+    """
+    return languages.get(language_id, languages.get("*", True))
 
 
 def _draft(value: object) -> str:

@@ -47,6 +47,28 @@ class _Totals:
     warm_tokens: int = 0  # context tokens they computed
     drafted: dict[str, int] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
+    cache_hits: int = 0  # completions answered from earlier ones (typed through, undo/redo), no model call
+    prefetches: int = 0  # completions started after an accept, before the editor asked
+    prefetches_cancelled: int = 0  # of them, cut short by another edit
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What the editor reported about the suggestions of one group (all, one draft method, one language)."""
+
+    shown: int = 0
+    accepted: int = 0  # wholly
+    partially_accepted: int = 0  # suggestions accepted in part (a word, a line) and not wholly
+    partially_accepted_chars: int = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "shown": self.shown,
+            "accepted": self.accepted,
+            "partially_accepted": self.partially_accepted,
+            "partially_accepted_chars": self.partially_accepted_chars,
+            "accept_rate": round(self.accepted / self.shown, 4) if self.shown else None,
+        }
 
 
 class ServerCounters:
@@ -56,9 +78,13 @@ class ServerCounters:
         self._lock = threading.Lock()
         self._totals = _Totals()
         self._ttft: deque[float] = deque(maxlen=TTFT_SAMPLES)
+        self._suggestions = _Tally()
+        self._by_draft: dict[str, _Tally] = {}
+        self._by_language: dict[str, _Tally] = {}
 
     def count(self, what: str) -> None:
-        """Add one to "requests", "cancelled", "busy" or "errors"."""
+        """Add one to "requests", "cancelled", "busy", "errors", "cache_hits", "prefetches" or
+        "prefetches_cancelled"."""
         with self._lock:
             setattr(self._totals, what, getattr(self._totals, what) + 1)
 
@@ -73,8 +99,24 @@ class ServerCounters:
         with self._lock:
             self._totals.limits[name] = self._totals.limits.get(name, 0) + 1
 
-    def record(self, stats: Stats, uri: str, cancelled: bool) -> None:
-        """Add one generation's engine stats (`uri` is not kept here: see RecentRequests)."""
+    def count_suggestion(self, event: str, draft: str, language_id: str, chars: int = 0) -> None:
+        """The editor reported a suggestion `event` ("shown", "accepted", "partially_accepted"; a
+        partial accept may add `chars` to a suggestion already counted, with event "")."""
+        with self._lock:
+            for group in (
+                self._suggestions,
+                self._by_draft.setdefault(draft, _Tally()),
+                self._by_language.setdefault(language_id or "unknown", _Tally()),
+            ):
+                if event:
+                    setattr(group, event, getattr(group, event) + 1)
+                group.partially_accepted_chars += chars
+
+    def record(self, stats: Stats, uri: str, cancelled: bool, user_facing: bool = True) -> None:
+        """Add one generation's engine stats (`uri` is not kept here: see RecentRequests).
+
+        A prefetch (not user_facing) adds its work but no TTFT sample: nobody waited for its first token.
+        """
         with self._lock:
             t = self._totals
             t.tokens += stats.tokens
@@ -86,7 +128,7 @@ class ServerCounters:
             for name, source in stats.by_source.items():
                 t.drafted[name] = t.drafted.get(name, 0) + source.drafted
                 t.accepted[name] = t.accepted.get(name, 0) + source.accepted
-            if stats.tokens and not cancelled:
+            if stats.tokens and not cancelled and user_facing:
                 self._ttft.append(stats.ttft_s)
 
     def snapshot(self, extra: dict | None = None) -> dict:
@@ -111,7 +153,17 @@ class ServerCounters:
                 "warmups": t.warmups,
                 "warmups_cancelled": t.warmups_cancelled,
                 "warm_tokens": t.warm_tokens,
+                "cache_hits": t.cache_hits,
+                "prefetches": t.prefetches,
+                "prefetches_cancelled": t.prefetches_cancelled,
                 "acceptance": acceptance,
+                "suggestions": {
+                    **self._suggestions.as_dict(),
+                    "by_draft": {name: tally.as_dict() for name, tally in sorted(self._by_draft.items())},
+                    "by_language": {
+                        name: tally.as_dict() for name, tally in sorted(self._by_language.items())
+                    },
+                },
                 "ttft_p50_s": _round(percentile(ttft, 0.5)),
                 "ttft_p95_s": _round(percentile(ttft, 0.95)),
                 "tokens_per_s": round(t.tokens / t.generation_s, 2) if t.generation_s > 0 else None,
@@ -125,8 +177,10 @@ class RecentRequests:
     def __init__(self, size: int = RECENT_REQUESTS) -> None:
         self._entries: deque[dict] = deque(maxlen=size)  # deque.append is atomic: no lock needed
 
-    def add(self, uri: str, stats: Stats) -> None:
-        self._entries.append({"uri": uri, **stats.as_dict()})
+    def add(self, uri: str, stats: Stats, kind: str = "model") -> None:
+        """kind: "model" (a request the model ran), "prefetch" (run after an accept) or "cache"
+        (answered from an earlier completion: its ttft_s is the server's time to answer)."""
+        self._entries.append({"uri": uri, "kind": kind, **stats.as_dict()})
 
     def snapshot(self) -> list[dict]:
         return list(self._entries)

@@ -62,6 +62,7 @@ class CompletionJob:
     cancel: threading.Event = field(default_factory=threading.Event)
     reason: str = ""
     result: Future = field(default_factory=Future)  # Future[CompletionOutcome]
+    prefetch: bool = False  # started after an accept, before the editor asked: counted apart
 
     @property
     def key(self) -> tuple[int, str]:
@@ -72,6 +73,16 @@ class CompletionJob:
         if not self.cancel.is_set():
             self.reason = reason
             self.cancel.set()
+
+    @property
+    def asked(self) -> str:
+        """The counter this job adds to when it is asked for: "requests" or "prefetches"."""
+        return "prefetches" if self.prefetch else "requests"
+
+    @property
+    def dropped(self) -> str:
+        """The counter this job adds to when it is cancelled."""
+        return "prefetches_cancelled" if self.prefetch else "cancelled"
 
 
 @dataclass(slots=True, eq=False)
@@ -129,7 +140,7 @@ class ModelWorker:
 
     def submit(self, job: CompletionJob) -> None:
         """Queue a job, superseding older jobs of the same client and document; ServerBusy when full."""
-        self.counters.count("requests")
+        self.counters.count(job.asked)
         with self._wake:
             # a real request goes first: the warm-up stops between two forwards, a pending one is dropped
             for warm in (self._warm, self._warming):
@@ -189,7 +200,7 @@ class ModelWorker:
 
     def _run(self, job: CompletionJob) -> CompletionOutcome:
         if job.cancel.is_set():
-            self.counters.count("cancelled")
+            self.counters.count(job.dropped)
             return CompletionOutcome("", Stats(), cancelled=True, reason=job.reason)
         engine = self.engine
         self.corpus.sync(engine, engine.corpus.set_document)
@@ -202,7 +213,7 @@ class ModelWorker:
             on_text=job.on_text,
         )
         stats = result.stats
-        self.counters.record(stats, request_input.uri, result.cancelled)
+        self.counters.record(stats, request_input.uri, result.cancelled, user_facing=not job.prefetch)
         logger.info(
             "%s: %d tokens, prefill %d, ttft %.3fs, %.3fs, %s%s",
             request_input.uri,
@@ -214,7 +225,7 @@ class ModelWorker:
             f" ({job.reason})" if result.cancelled else "",
         )
         if result.cancelled:
-            self.counters.count("cancelled")
+            self.counters.count(job.dropped)
             return CompletionOutcome(result.raw_text, stats, cancelled=True, reason=job.reason)
         return CompletionOutcome(result.text, stats)
 
@@ -232,7 +243,7 @@ class ModelWorker:
         self.counters.count_warmup(computed, cancelled=warm.cancel.is_set())
 
     def _finish_cancelled(self, job: CompletionJob) -> None:
-        self.counters.count("cancelled")
+        self.counters.count(job.dropped)
         resolve_outcome(job, CompletionOutcome("", Stats(), cancelled=True, reason=job.reason))
 
 

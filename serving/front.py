@@ -141,7 +141,7 @@ class RemoteWorker:
     def submit(self, job: CompletionJob) -> None:
         """Send the job to its session's replica; ServerBusy when no replica can take it."""
         self._attach()
-        self.counters.count("requests")
+        self.counters.count(job.asked)
         self.cancel(lambda other: other.key == job.key, "superseded")
         replica = self.table.route(job.key)
         if replica is None:
@@ -224,7 +224,7 @@ class RemoteWorker:
         """Count the job against its replica at once (routing reads it) and make it cancellable."""
         self._inflight[job] = (replica, f"r{next(self._request_ids)}")
         self.table.begin(replica)
-        self.per_replica[replica].count("requests")
+        self.per_replica[replica].count(job.asked)
         self.metrics.queue(replica, self.table.outstanding[replica])
 
     async def _stream(self, job: CompletionJob, replica: str) -> CompletionOutcome:
@@ -261,12 +261,12 @@ class RemoteWorker:
         counted = [self.counters, *([self.per_replica[replica]] if replica in self.per_replica else [])]
         for counters in counted:
             if outcome.cancelled:
-                counters.count("cancelled")
+                counters.count(job.dropped)
             elif outcome.error:
                 counters.count("errors")
         if outcome.stats.tokens or outcome.stats.wall_s:
             for counters in counted:
-                counters.record(outcome.stats, job.input.uri, outcome.cancelled)
+                counters.record(outcome.stats, job.input.uri, outcome.cancelled, user_facing=not job.prefetch)
             self.metrics.record(replica, outcome.stats, outcome.cancelled)
         resolve_outcome(job, outcome)
 

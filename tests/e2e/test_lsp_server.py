@@ -109,7 +109,10 @@ async def test_streamed_partials_arrive_in_order_and_end_with_the_final_result(c
     assert len(partials) >= 2, "48 tokens one per step should stream in several partial results"
     texts = [p["items"][0]["insertText"] for p in partials]
     assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
-    assert response["result"] == partials[-1]
+    # the final item also carries the accept command: the suggestion gets its id once it is finished
+    final = response["result"]["items"][0]
+    assert {key: final[key] for key in ("insertText", "range")} == partials[-1]["items"][0]
+    assert final["command"]["command"] == "specComplete.didAcceptCompletion"
 
 
 async def test_a_one_character_edit_reuses_the_cached_prefix(client):

@@ -53,6 +53,12 @@ def unique_uri(name: str) -> str:
     return f"file:///replicas/{name}-{random.randrange(1 << 30)}.py"
 
 
+def change_after_cursor(client: LspClient, uri: str, version: int) -> None:
+    """Edit SOURCE's last line, so that the next request at (1, 12) is a new state: the suggestion
+    cache would otherwise answer a repeated request without the model."""
+    client.edit(uri, version, 5, 16, " ")
+
+
 def by_name(stats: dict) -> dict[str, dict]:
     return {entry["name"]: entry for entry in stats["replicas"]}
 
@@ -80,14 +86,16 @@ async def test_a_session_sticks_to_one_replica_and_a_second_session_goes_to_the_
         assert len(start["replicas"]) == 2 and all(entry["healthy"] for entry in start["replicas"])
         uri_a, uri_b = unique_uri("a"), unique_uri("b")
         first.open(uri_a, SOURCE)
-        for _ in range(3):
+        for version in range(2, 5):
+            change_after_cursor(first, uri_a, version)
             assert (await first.inline(uri_a, 1, 12))["result"]["items"]
         after_a = await first.stats()
         assert sorted(grew(start, after_a).values()) == [0, 3], "all three requests on one replica"
         (home_a,) = [name for name, count in grew(start, after_a).items() if count == 3]
 
         second.open(uri_b, SOURCE)
-        for _ in range(3):
+        for version in range(2, 5):
+            change_after_cursor(second, uri_b, version)
             assert (await second.inline(uri_b, 1, 12))["result"]["items"]
         after_b = await second.stats()
         moved = grew(after_a, after_b)
@@ -199,7 +207,8 @@ async def test_killing_a_replica_mid_stream_loses_no_request(server):
             assert "result" in await other.response(msg_id, timeout=120)
 
         streaming.notify("workspace/didChangeConfiguration", {"settings": {"specComplete": SHORT}})
-        for _ in range(3):  # later requests of the same session succeed, on the replica left
+        for version in range(2, 5):  # later requests of the same session succeed, on the replica left
+            change_after_cursor(streaming, uri, version)
             assert (await streaming.inline(uri, 1, 12, timeout=120))["result"]["items"]
         after = await streaming.stats()
         assert after["requests"] >= before["requests"] + 5

@@ -7,6 +7,10 @@
 // repo's .venv has `spec-complete serve`, the real one with the tiny random model (its ghost
 // text is gibberish, but it is real model output through the real server).
 //
+// Then it types the start of another suggestion (typing through: the rest stays on screen) and
+// reads the accept rate, which the status bar takes from specComplete/stats. code-server runs with
+// --enable-proposed-api for the extension, so that VS Code reports shown suggestions to it.
+//
 // Needs `make e2e-deps` (scripts/e2e-deps.sh), `npm run compile` and `npm run package`;
 // without them each test reports SKIPPED and why. Screenshots go to e2e/artifacts/.
 
@@ -37,6 +41,7 @@ const REAL_SERVER = process.env.SPEC_COMPLETE_BIN ?? path.join(REPO_ROOT, '.venv
 const ARTIFACTS = path.join(E2E, 'artifacts');
 
 const TYPED = 'def add(a, b):';
+const EXTENSION_ID = 'spec-complete.spec-complete';
 
 function missingTools() {
   const needs = [
@@ -72,8 +77,44 @@ test('fake server: its ghost text appears in VS Code and Tab accepts it', { skip
     args: [FAKE_SERVER, 'serve', '--stdio'],
     checkStatus: (text) => assert.match(text, /acc 62%\/74% · 42 tok\/s/),
     checkGhost: (ghost) => assert.match(ghost, /^\s*return a \+ b$/),
-    afterAccept: errorAndToggle,
+    afterAccept: async (page, shot) => {
+      // the canned ' hello': type ' he', and 'llo' must stay; one of two shown accepted: 50%
+      await typeThrough(page, shot, '# spec-complete says', 3, (ghost) => assert.equal(ghost, ' hello'));
+      await acceptRate(page, shot, /· 50% taken/);
+      await errorAndToggle(page, shot);
+    },
   }));
+
+/**
+ * On a new line, type `line`, wait for its ghost text, type its first `count` characters and check
+ * that the rest is still shown (typing through a suggestion).
+ */
+async function typeThrough(page, shot, line, count, checkGhost) {
+  await page.keyboard.press('End');
+  await page.keyboard.press('Enter');
+  await page.keyboard.type(line, { delay: 30 });
+  await page.waitForFunction(readGhostText, undefined, { timeout: 60_000 });
+  const ghost = await page.evaluate(readGhostText);
+  checkGhost(ghost);
+  const typed = ghost.slice(0, count);
+  await page.keyboard.type(typed, { delay: 30 });
+  const rest = ghost.slice(count);
+  await page.waitForFunction((expected) => {
+    const shown = [...document.querySelectorAll('.editor-instance [class*="ghost-text"]')]
+      .filter((node) => node.children.length === 0).map((node) => node.textContent ?? '').join('').replace(/\u00a0/g, ' ');
+    return shown === expected;
+  }, rest, { timeout: 10_000 });
+  await shot('typed-through');
+}
+
+/** The status bar shows the accept rate from specComplete/stats (polled every second here). */
+async function acceptRate(page, shot, expected) {
+  const status = page.locator('.statusbar-item', { hasText: 'taken' });
+  await status.first().waitFor({ timeout: 30_000 });
+  await page.waitForFunction((pattern) => [...document.querySelectorAll('.statusbar-item')]
+    .some((item) => new RegExp(pattern).test(item.textContent ?? '')), expected.source, { timeout: 30_000 });
+  await shot('accept-rate');
+}
 
 /** The fake answers a line holding `busy` with an error; then completions are switched off. */
 async function errorAndToggle(page, shot) {
@@ -114,6 +155,11 @@ test('real server (tiny random model): its ghost text appears in VS Code and Tab
       args: ['serve', '--stdio', '--target', 'tiny-random', '--no-syntax'],
       checkStatus: (text) => assert.match(text, /tok\/s/),
       checkGhost: (ghost) => assert.ok(ghost.trim().length > 0, 'empty ghost text'),
+      afterAccept: async (page, shot) => {
+        // the random model's text is unknown: type its first character if it is a plain one
+        await typeThrough(page, shot, 'x = 1', 1, (ghost) => assert.match(ghost, /^[!-~]{2}/, `ghost ${JSON.stringify(ghost)}`));
+        await acceptRate(page, shot, /· \d+% taken/);
+      },
     }));
 
 async function ghostTextScenario(t, scenario) {
@@ -159,6 +205,7 @@ async function ghostTextScenario(t, scenario) {
     CODE_SERVER, ...common,
     '--auth', 'none', '--bind-addr', `127.0.0.1:${port}`,
     '--disable-telemetry', '--disable-update-check', '--disable-workspace-trust',
+    '--enable-proposed-api', EXTENSION_ID,
     workspace,
   ], { env, stdio: ['ignore', 'pipe', 'pipe'], detached: true }); // its own process group: see stopGroup
   let serverLog = '';

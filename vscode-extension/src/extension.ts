@@ -5,14 +5,24 @@
 import * as vscode from 'vscode';
 import {
   CloseAction,
+  DynamicFeature,
   ErrorAction,
   LanguageClient,
   LanguageClientOptions,
   RevealOutputChannelOn,
   ServerOptions,
   State,
+  StaticFeature,
 } from 'vscode-languageclient/node';
-import { ErrorCodes, ResponseError } from 'vscode-languageserver-protocol';
+import {
+  DidChangeConfigurationNotification,
+  ErrorCodes,
+  InlineCompletionItem as ProtocolInlineItem,
+  InlineCompletionList as ProtocolInlineList,
+  InlineCompletionRequest,
+  ResponseError,
+} from 'vscode-languageserver-protocol';
+import { AdaptiveDebounce } from './debounce';
 import { NotificationThrottle, errorMessage, isCancellation } from './errors';
 import { BusyTracker, CompletionGate, debounced } from './requestGate';
 import {
@@ -23,14 +33,39 @@ import {
   initializationOptions,
   isLanguageEnabled,
   parseSettings,
+  serverSettings,
 } from './settings';
 import { ServerStats, StatsRequest, formatStatsReport, parseStats } from './stats';
+import { RememberedItem, SuggestionCommand, SuggestionMemory } from './suggestionMemory';
 import { RestartBudget } from './restartBudget';
 import { Connection, statusView } from './statusView';
 import { connectWebSocket } from './wsTransport';
 import { buildWsUrl, redactToken, remoteWarning } from './wsUrl';
 
 const SECTION = 'specComplete';
+// Copilot's notifications, which the server counts (VS Code reports shows and partial accepts only
+// to extensions allowed its `inlineCompletionsAdditions` API proposal; full accepts run the item's command).
+const SHOWN = 'textDocument/didShowCompletion';
+const PARTIALLY_ACCEPTED = 'textDocument/didPartiallyAcceptCompletion';
+
+/** VS Code's inline-completion provider with the proposal's two callbacks, which @types/vscode lacks. */
+interface ReportingProvider extends vscode.InlineCompletionItemProvider {
+  handleDidShowCompletionItem(item: vscode.InlineCompletionItem): void;
+  handleDidPartiallyAcceptCompletionItem(item: vscode.InlineCompletionItem, info: number | object): void;
+}
+
+/**
+ * The language client without its own inline-completion provider: ghost text goes through the
+ * extension's provider, to which VS Code also reports shows and partial accepts.
+ */
+class SpecCompleteClient extends LanguageClient {
+  registerFeature(feature: StaticFeature | DynamicFeature<unknown>): void {
+    if ('registrationType' in feature && feature.registrationType.method === InlineCompletionRequest.method) {
+      return;
+    }
+    super.registerFeature(feature);
+  }
+}
 
 let active: SpecComplete | undefined;
 
@@ -49,6 +84,9 @@ export async function deactivate(): Promise<void> {
 class SpecComplete implements vscode.Disposable {
   private settings: Settings = readSettings();
   private client: LanguageClient | undefined;
+  private readonly memory = new SuggestionMemory();
+  private readonly debounce = new AdaptiveDebounce();
+  private responseMs = 0;
   private connection: Connection = 'stopped';
   private lastError: string | undefined;
   private stats: ServerStats | undefined;
@@ -72,7 +110,12 @@ class SpecComplete implements vscode.Disposable {
       vscode.commands.registerCommand('specComplete.toggle', () => this.toggle()),
       vscode.commands.registerCommand('specComplete.showStats', () => this.showStats()),
       vscode.commands.registerCommand('specComplete.restartServer', () => this.restart()),
+      vscode.commands.registerCommand('specComplete.trigger', () =>
+        vscode.commands.executeCommand('editor.action.inlineSuggest.trigger')),
       vscode.workspace.onDidChangeConfiguration((event) => this.onConfigurationChanged(event)),
+      vscode.workspace.onDidCloseTextDocument((document) => this.memory.forget(document.uri.toString())),
+      vscode.languages.registerInlineCompletionItemProvider(
+        [{ scheme: 'file' }, { scheme: 'untitled' }], this.inlineProvider()),
     );
     this.render();
   }
@@ -83,7 +126,7 @@ class SpecComplete implements vscode.Disposable {
     this.stats = undefined;
     this.statsSupported = true;
     this.setConnection('starting');
-    const client = new LanguageClient('specComplete', 'spec-complete', this.serverOptions(), this.clientOptions());
+    const client = new SpecCompleteClient('specComplete', 'spec-complete', this.serverOptions(), this.clientOptions());
     this.client = client;
     client.onDidChangeState((event) => {
       if (this.client !== client) {
@@ -164,11 +207,23 @@ class SpecComplete implements vscode.Disposable {
         },
       },
       middleware: {
-        provideInlineCompletionItems: (document, position, context, token, next) =>
-          this.provideInlineCompletions(document, position, context, token, next),
         // Ghost text is the product; the suggest widget would ask the model a second time
         // on every keystroke for the same completion.
         provideCompletionItem: () => undefined,
+      },
+    };
+  }
+
+  private inlineProvider(): ReportingProvider {
+    return {
+      provideInlineCompletionItems: (document, position, context, token) =>
+        this.provideInlineCompletions(document, position, context, token),
+      handleDidShowCompletionItem: (item) => this.report(SHOWN, item),
+      // VS Code calls this twice per partial accept: with the accepted length, then with an info object.
+      handleDidPartiallyAcceptCompletionItem: (item, info) => {
+        if (typeof info === 'number') {
+          this.report(PARTIALLY_ACCEPTED, item, { acceptedLength: info });
+        }
       },
     };
   }
@@ -178,31 +233,75 @@ class SpecComplete implements vscode.Disposable {
     position: vscode.Position,
     context: vscode.InlineCompletionContext,
     token: vscode.CancellationToken,
-    next: (
-      document: vscode.TextDocument,
-      position: vscode.Position,
-      context: vscode.InlineCompletionContext,
-      token: vscode.CancellationToken,
-    ) => vscode.ProviderResult<vscode.InlineCompletionItem[] | vscode.InlineCompletionList>,
-  ): Promise<vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined> {
-    if (!isLanguageEnabled(this.settings, document.languageId) || this.connection === 'stopped') {
+  ): Promise<vscode.InlineCompletionItem[] | null> {
+    const client = this.client;
+    if (!isLanguageEnabled(this.settings, document.languageId) || this.connection === 'stopped' || !client) {
       return null;
     }
+    const uri = document.uri.toString();
+    const text = document.getText();
+    const offset = document.offsetAt(position);
+    const remembered = this.memory.answer(uri, text, offset); // typed through, or back to a known state
+    if (remembered) {
+      return [asItem(remembered, position)];
+    }
     const explicit = context.triggerKind === vscode.InlineCompletionTriggerKind.Invoke;
+    const wait = explicit ? 0 : this.settings.debounce === 'fixed' ? this.settings.debounceMs : this.debounce.delay(
+      Date.now(),
+      { charBefore: text.slice(offset - 1, offset), lineAfter: text.slice(offset).split('\n', 1)[0], textAfter: text.slice(offset) },
+      this.responseMs,
+    );
     try {
-      const result = await debounced(this.gate, token, explicit ? 0 : this.settings.debounceMs, (linked) =>
-        this.busy.track(Promise.resolve(next(document, position, context, linked))));
+      const result = await debounced(this.gate, token, wait, (linked) =>
+        this.busy.track(this.requestInline(client, document, position, context, linked)));
       if (result !== undefined && this.lastError !== undefined && this.connection === 'ready') {
         this.lastError = undefined; // the server answers again
         this.render();
       }
-      return result;
+      const first = result?.[0];
+      if (first) {
+        this.memory.remember(uri, text, offset, first);
+      }
+      return result === undefined || token.isCancellationRequested ? null : result.map((item) => asItem(item, position));
     } catch (error) {
       if (!isCancellation(error) && !token.isCancellationRequested) {
         this.reportError(error);
       }
       return null;
     }
+  }
+
+  private async requestInline(
+    client: LanguageClient,
+    document: vscode.TextDocument,
+    position: vscode.Position,
+    context: vscode.InlineCompletionContext,
+    token: vscode.CancellationToken,
+  ): Promise<RememberedItem[]> {
+    const started = Date.now();
+    const params = client.code2ProtocolConverter.asInlineCompletionParams(document, position, context);
+    const result: ProtocolInlineList | ProtocolInlineItem[] | null = await client.sendRequest(
+      InlineCompletionRequest.type, params, token);
+    this.responseMs = Date.now() - started;
+    const items = Array.isArray(result) ? result : result?.items ?? [];
+    return items
+      .filter((item) => typeof item.insertText === 'string')
+      .map((item) => ({ insertText: item.insertText as string, command: item.command as SuggestionCommand | undefined }));
+  }
+
+  /** Tells the server what VS Code did with one of its suggestions (items without its command are not its). */
+  private report(method: string, item: vscode.InlineCompletionItem, extra: Record<string, unknown> = {}): void {
+    const client = this.client;
+    const command = item.command;
+    if (!client?.isRunning() || !command || typeof item.insertText !== 'string') {
+      return;
+    }
+    const reported = {
+      insertText: item.insertText,
+      command: { title: command.title, command: command.command, arguments: command.arguments ?? [] },
+    };
+    client.sendNotification(method, { item: reported, ...extra }).catch((error) =>
+      this.output.warn(`${method}: ${errorMessage(error)}`));
   }
 
   private async toggle(): Promise<void> {
@@ -273,6 +372,12 @@ class SpecComplete implements vscode.Disposable {
     }
     const reconnect = CONNECTION_KEYS.some((key) => event.affectsConfiguration(`${SECTION}.${key}`));
     this.settings = readSettings();
+    if (!reconnect && this.client?.isRunning()) {
+      // lines, maxLines and languages: the server takes them as they are
+      void this.client.sendNotification(DidChangeConfigurationNotification.type, {
+        settings: { specComplete: serverSettings(this.settings) },
+      });
+    }
     if (!this.settings.enable) {
       this.gate.cancelAll();
     }
@@ -360,6 +465,11 @@ class SpecComplete implements vscode.Disposable {
     this.statusItem.tooltip = view.tooltip;
     this.statusItem.backgroundColor = view.isError ? new vscode.ThemeColor('statusBarItem.errorBackground') : undefined;
   }
+}
+
+function asItem(item: RememberedItem, position: vscode.Position): vscode.InlineCompletionItem {
+  const command = item.command ? { ...item.command, arguments: item.command.arguments ?? [] } : undefined;
+  return new vscode.InlineCompletionItem(item.insertText, new vscode.Range(position, position), command);
 }
 
 function readSettings(): Settings {

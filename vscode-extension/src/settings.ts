@@ -3,6 +3,9 @@
 
 export type ConnectionMode = 'stdio' | 'websocket';
 export type DraftMethod = 'none' | 'ngram' | 'model' | 'hybrid';
+export type DebounceMode = 'adaptive' | 'fixed';
+/** auto: multi-line at an empty line or after a block opener, else the rest of the line. */
+export type LinesMode = 'auto' | 'single' | 'multi';
 
 export interface Settings {
   readonly enable: boolean;
@@ -16,7 +19,13 @@ export interface Settings {
   /** undefined: let the server choose. */
   readonly draft: DraftMethod | undefined;
   readonly maxTokens: number;
+  /** adaptive: from the user's typing rhythm and the server's response time (see debounce.ts). */
+  readonly debounce: DebounceMode;
+  /** The wait in the fixed mode. */
   readonly debounceMs: number;
+  readonly lines: LinesMode;
+  /** Most lines of a multi-line completion; 0: no limit. */
+  readonly maxLines: number;
   readonly statsIntervalS: number;
 }
 
@@ -30,16 +39,26 @@ export const DEFAULT_SETTINGS: Settings = {
   token: '',
   draft: undefined,
   maxTokens: 64,
+  debounce: 'adaptive',
   debounceMs: 75,
+  lines: 'auto',
+  maxLines: 0,
   statsIntervalS: 5,
 };
 
 const DRAFT_METHODS: readonly string[] = ['none', 'ngram', 'model', 'hybrid'];
 
 /** What `initializationOptions` the server gets; unset fields are left out. */
-export interface InitializationOptions {
+export interface InitializationOptions extends ServerSettings {
   draft?: DraftMethod;
   maxNewTokens?: number;
+}
+
+/** What the server also takes in `workspace/didChangeConfiguration`, so changing it needs no reconnect. */
+export interface ServerSettings {
+  lines: LinesMode;
+  maxLines: number;
+  languages: Record<string, boolean>;
 }
 
 /** Values a settings lookup may return; each key is the part after `specComplete.`. */
@@ -65,7 +84,10 @@ export function parseSettings(raw: RawSettings, expansion: Expansion = { env: {}
     token: expand(asString(raw.token, d.token).trim()),
     draft: typeof draft === 'string' && DRAFT_METHODS.includes(draft) ? (draft as DraftMethod) : undefined,
     maxTokens: asPositiveInt(raw.maxTokens) ?? d.maxTokens,
+    debounce: raw.debounce === 'fixed' ? 'fixed' : 'adaptive',
     debounceMs: asPositiveInt(raw.debounceMs, true) ?? d.debounceMs,
+    lines: raw.lines === 'single' || raw.lines === 'multi' ? raw.lines : 'auto',
+    maxLines: asPositiveInt(raw.maxLines, true) ?? d.maxLines,
     statsIntervalS: asPositiveInt(raw.statsIntervalS, true) ?? d.statsIntervalS,
   };
 }
@@ -83,12 +105,16 @@ export function isLanguageEnabled(settings: Settings, languageId: string): boole
 }
 
 export function initializationOptions(settings: Settings): InitializationOptions {
-  const options: InitializationOptions = {};
+  const options: InitializationOptions = serverSettings(settings);
   if (settings.draft !== undefined) {
     options.draft = settings.draft;
   }
   options.maxNewTokens = settings.maxTokens;
   return options;
+}
+
+export function serverSettings(settings: Settings): ServerSettings {
+  return { lines: settings.lines, maxLines: settings.maxLines, languages: { ...settings.languages } };
 }
 
 /** Settings whose change needs a new server connection (the rest apply at once). */

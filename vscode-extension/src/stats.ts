@@ -14,6 +14,10 @@ export interface ServerStats {
   readonly ttftP50S: number | null;
   readonly ttftP95S: number | null;
   readonly tokensPerS: number | null;
+  /** What the editor reported about suggestions: shown, accepted wholly, and their ratio. */
+  readonly suggestions: { readonly shown: number; readonly accepted: number; readonly acceptRate: number | null };
+  /** Completions answered from earlier ones (typed through, undo/redo) without a model call. */
+  readonly cacheHits: number;
 }
 
 export const StatsRequest = new RequestType0<unknown, void>('specComplete/stats');
@@ -25,6 +29,7 @@ export function parseStats(raw: unknown): ServerStats | undefined {
   }
   const stats = raw as Record<string, unknown>;
   const acceptance = (stats.acceptance ?? {}) as Record<string, unknown>;
+  const suggestions = (stats.suggestions ?? {}) as Record<string, unknown>;
   if (typeof stats.requests !== 'number') {
     return undefined;
   }
@@ -37,6 +42,12 @@ export function parseStats(raw: unknown): ServerStats | undefined {
     ttftP50S: seconds(stats.ttft_p50_s),
     ttftP95S: seconds(stats.ttft_p95_s),
     tokensPerS: seconds(stats.tokens_per_s),
+    suggestions: {
+      shown: count(suggestions.shown),
+      accepted: count(suggestions.accepted),
+      acceptRate: rate(suggestions.accept_rate),
+    },
+    cacheHits: count(stats.cache_hits),
   };
 }
 
@@ -55,7 +66,8 @@ export function shownAcceptance(stats: ServerStats, draft: DraftMethod | undefin
 
 /**
  * Status bar text, e.g. 'acc 72% · 41 tok/s', or 'acc 61%/74% · 41 tok/s' when two drafters
- * report (n-gram first), or '– tok/s' before the server has timed anything.
+ * report (n-gram first), or '– tok/s' before the server has timed anything; then the share of
+ * shown suggestions accepted, once one was shown: '· 50% taken'.
  */
 export function formatStatusText(stats: ServerStats, draft: DraftMethod | undefined): string {
   const parts: string[] = [];
@@ -64,6 +76,9 @@ export function formatStatusText(stats: ServerStats, draft: DraftMethod | undefi
     parts.push(`acc ${rates.map(([, value]) => percent(value)).join('/')}`);
   }
   parts.push(`${stats.tokensPerS === null ? '–' : Math.round(stats.tokensPerS)} tok/s`);
+  if (stats.suggestions.acceptRate !== null) {
+    parts.push(`${percent(stats.suggestions.acceptRate)} taken`);
+  }
   return parts.join(' · ');
 }
 
@@ -78,6 +93,9 @@ export function formatStatsReport(stats: ServerStats): string {
     `acceptance: n-gram ${acceptance(stats.acceptance.ngram)}, model ${acceptance(stats.acceptance.model)}`,
     `time to first token: p50 ${secs(stats.ttftP50S)}, p95 ${secs(stats.ttftP95S)}`,
     `throughput: ${stats.tokensPerS === null ? '–' : stats.tokensPerS.toFixed(1)} tokens/s`,
+    `suggestions: ${stats.suggestions.shown} shown, ${stats.suggestions.accepted} accepted` +
+      (stats.suggestions.acceptRate === null ? '' : ` (${percent(stats.suggestions.acceptRate)})`) +
+      `; ${stats.cacheHits} answered from the cache`,
   ].join('\n');
 }
 

@@ -50,7 +50,8 @@ export function statusView(state: StatusState): StatusView {
   const icon = state.busy ? '$(sync~spin)' : '$(sparkle)';
   const activity = state.busy ? 'completing…' : 'ready';
   const detail = state.stats
-    ? '\nacc: share of drafted tokens the model accepted (n-gram/model); tok/s: generation speed'
+    ? '\nacc: share of drafted tokens the model accepted (n-gram/model); tok/s: generation speed;' +
+      ' taken: share of shown suggestions you accepted'
     : '';
   return { text: `${icon} ${numbers}`, tooltip: `spec-complete: ${activity}${detail}\n${where}`, isError: false };
 }

@@ -9,6 +9,7 @@ import {
   CancellationTokenSource,
   DidChangeTextDocumentNotification,
   DidOpenTextDocumentNotification,
+  ExecuteCommandRequest,
   InitializeRequest,
   InitializeResult,
   InitializedNotification,
@@ -29,6 +30,7 @@ const StatsRequest = new RequestType0<Record<string, unknown>, void>('specComple
 const FakeStateRequest = new RequestType0<{ initializationOptions: unknown; documents: Record<string, string> }, void>(
   'fake/state',
 );
+const ACCEPT_COMMAND = 'specComplete.didAcceptCompletion';
 
 const real = realServer();
 const targets: Array<{ server: ServerUnderTest | undefined; name: string; skip: string | false }> = [
@@ -42,7 +44,7 @@ if (typeof real === 'string') {
 }
 
 /** The items of an inline-completion result, in either shape the contract allows. */
-function itemsOf(result: unknown): Array<{ insertText: unknown }> {
+function itemsOf(result: unknown): Array<{ insertText: unknown; command?: { command: string; arguments?: unknown[] } }> {
   if (result === null || result === undefined) {
     return [];
   }
@@ -181,9 +183,53 @@ for (const target of targets) {
         assert.ok(Array.isArray(itemsOf(after)), 'the server answers after a cancel');
       });
 
+      it('counts a shown and accepted suggestion, and the accept rate, in specComplete/stats', async () => {
+        const uri = `${URI}.accept.py`;
+        await running.connection.sendNotification(DidOpenTextDocumentNotification.type, {
+          textDocument: { uri, languageId: 'python', version: 1, text: 'def add(a, b):' },
+        });
+        const before = parseStats(await withTimeout(running.connection.sendRequest(StatsRequest), completionMs))!;
+        const result = await withTimeout(
+          running.connection.sendRequest(InlineCompletionRequest.type, { ...inlineParams(0, 14), textDocument: { uri } }),
+          completionMs,
+        );
+        const [item] = itemsOf(result);
+        assert.ok(item, 'no completion to accept');
+        assert.equal(item.command?.command, ACCEPT_COMMAND);
+        await running.connection.sendNotification('textDocument/didShowCompletion', { item });
+        await running.connection.sendNotification(DidChangeTextDocumentNotification.type, {
+          textDocument: { uri, version: 2 },
+          contentChanges: [{ range: { start: { line: 0, character: 14 }, end: { line: 0, character: 14 } }, text: item.insertText as string }],
+        });
+        await withTimeout(running.connection.sendRequest(ExecuteCommandRequest.type, {
+          command: ACCEPT_COMMAND, arguments: item.command?.arguments,
+        }), completionMs);
+        const after = parseStats(await withTimeout(running.connection.sendRequest(StatsRequest), completionMs))!;
+        assert.equal(after.suggestions.shown, before.suggestions.shown + 1);
+        assert.equal(after.suggestions.accepted, before.suggestions.accepted + 1);
+        assert.equal(after.suggestions.acceptRate, after.suggestions.accepted / after.suggestions.shown);
+      });
+
+      it('takes lines and maxLines at initialize and in workspace/didChangeConfiguration', async () => {
+        await running.connection.sendNotification('workspace/didChangeConfiguration', {
+          settings: { specComplete: { lines: 'single', maxLines: 2, languages: { '*': true } } },
+        });
+        const result = await withTimeout(running.connection.sendRequest(InlineCompletionRequest.type, inlineParams(2, 16)), completionMs);
+        for (const item of server.isFake ? [] : itemsOf(result)) { // the fake's canned texts ignore it
+          assert.ok(!(item.insertText as string).includes('\n'), `single-line, yet: ${JSON.stringify(item)}`);
+        }
+        if (server.isFake) {
+          const state = await running.connection.sendRequest(FakeStateRequest) as unknown as { configurations: unknown[] };
+          assert.deepEqual(state.configurations.at(-1), { specComplete: { lines: 'single', maxLines: 2, languages: { '*': true } } });
+        }
+        await running.connection.sendNotification('workspace/didChangeConfiguration', {
+          settings: { specComplete: { lines: 'multi', maxLines: 0 } },
+        });
+      });
+
       it('returns specComplete/stats in the contract\'s shape', async () => {
         const raw = await withTimeout(running.connection.sendRequest(StatsRequest), completionMs);
-        for (const key of ['requests', 'cancelled', 'tokens', 'target_forwards', 'acceptance', 'ttft_p50_s', 'ttft_p95_s', 'tokens_per_s']) {
+        for (const key of ['requests', 'cancelled', 'tokens', 'target_forwards', 'acceptance', 'ttft_p50_s', 'ttft_p95_s', 'tokens_per_s', 'suggestions', 'cache_hits']) {
           assert.ok(key in raw, `stats lack ${key}: ${JSON.stringify(raw)}`);
         }
         const acceptance = raw.acceptance as Record<string, unknown>;

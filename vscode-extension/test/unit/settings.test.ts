@@ -1,11 +1,13 @@
 import { strict as assert } from 'node:assert';
 import { describe, it } from 'node:test';
 import {
+  CONNECTION_KEYS,
   DEFAULT_SETTINGS,
   expandVariables,
   initializationOptions,
   isLanguageEnabled,
   parseSettings,
+  serverSettings,
 } from '../../src/settings';
 
 describe('parseSettings', () => {
@@ -124,10 +126,33 @@ describe('initializationOptions', () => {
     assert.deepEqual(initializationOptions(parseSettings({ draft: 'hybrid', maxTokens: 16 })), {
       draft: 'hybrid',
       maxNewTokens: 16,
+      lines: 'auto',
+      maxLines: 0,
+      languages: { '*': true, plaintext: false, markdown: false, scminput: false },
     });
   });
 
   it('leaves out the draft method when the server chooses', () => {
-    assert.deepEqual(initializationOptions(parseSettings({})), { maxNewTokens: 64 });
+    assert.equal('draft' in initializationOptions(parseSettings({})), false);
+  });
+
+  it('sends lines, maxLines and languages, which the server also takes without a reconnect', () => {
+    const settings = parseSettings({ lines: 'single', maxLines: 3, languages: { '*': false, python: true } });
+    assert.deepEqual(serverSettings(settings), { lines: 'single', maxLines: 3, languages: { '*': false, python: true } });
+    assert.ok(!CONNECTION_KEYS.includes('lines') && !CONNECTION_KEYS.includes('maxLines'));
+  });
+});
+
+describe('debounce, lines and maxLines', () => {
+  it('default to adaptive, auto and no line limit', () => {
+    const settings = parseSettings({});
+    assert.deepEqual([settings.debounce, settings.lines, settings.maxLines], ['adaptive', 'auto', 0]);
+  });
+
+  it('take valid values and fall back on nonsense', () => {
+    const chosen = parseSettings({ debounce: 'fixed', lines: 'multi', maxLines: 5 });
+    assert.deepEqual([chosen.debounce, chosen.lines, chosen.maxLines], ['fixed', 'multi', 5]);
+    const nonsense = parseSettings({ debounce: 'sometimes', lines: 2, maxLines: -3 });
+    assert.deepEqual([nonsense.debounce, nonsense.lines, nonsense.maxLines], ['adaptive', 'auto', 0]);
   });
 });

@@ -11,6 +11,8 @@ const RAW = {
   ttft_p50_s: 0.021,
   ttft_p95_s: 0.0485,
   tokens_per_s: 41.46,
+  cache_hits: 4,
+  suggestions: { shown: 8, accepted: 2, partially_accepted_chars: 9, accept_rate: 0.25 },
 };
 
 describe('parseStats', () => {
@@ -24,6 +26,8 @@ describe('parseStats', () => {
       ttftP50S: 0.021,
       ttftP95S: 0.0485,
       tokensPerS: 41.46,
+      suggestions: { shown: 8, accepted: 2, acceptRate: 0.25 },
+      cacheHits: 4,
     });
   });
 
@@ -42,7 +46,7 @@ describe('parseStats', () => {
 });
 
 describe('formatStatusText', () => {
-  const stats = parseStats(RAW)!;
+  const stats = parseStats({ ...RAW, suggestions: undefined })!;
 
   it('shows one drafter\'s acceptance when the user chose it', () => {
     assert.equal(formatStatusText(stats, 'ngram'), 'acc 61% · 41 tok/s');
@@ -60,9 +64,16 @@ describe('formatStatusText', () => {
   });
 
   it('skips a drafter that has not drafted yet', () => {
-    const onlyNgram = parseStats({ ...RAW, acceptance: { ngram: 0.5, model: null } })!;
+    const onlyNgram = parseStats({ ...RAW, suggestions: undefined, acceptance: { ngram: 0.5, model: null } })!;
     assert.deepEqual(shownAcceptance(onlyNgram, 'hybrid'), [['n-gram', 0.5]]);
     assert.equal(formatStatusText(onlyNgram, 'hybrid'), 'acc 50% · 41 tok/s');
+  });
+});
+
+describe('the accept rate in the status bar', () => {
+  it('follows tokens/s once a suggestion was shown', () => {
+    assert.equal(formatStatusText(parseStats(RAW)!, 'ngram'), 'acc 61% · 41 tok/s · 25% taken');
+    assert.equal(formatStatusText(parseStats({ ...RAW, suggestions: { shown: 0 } })!, 'ngram'), 'acc 61% · 41 tok/s');
   });
 });
 
@@ -76,6 +87,7 @@ describe('formatStatsReport', () => {
         'acceptance: n-gram 61%, model 74%',
         'time to first token: p50 21 ms, p95 49 ms',
         'throughput: 41.5 tokens/s',
+        'suggestions: 8 shown, 2 accepted (25%); 4 answered from the cache',
       ].join('\n'),
     );
   });
