@@ -6,7 +6,9 @@ On a context of real Python (tokens of the standard library, the embedded model)
 - prefill of the whole context: ours (128-row blocks, then 16-row forwards) against one HF forward;
 - one decode step after it: ours (a 16-row forward, attention on the real row) against HF's 1-row
   step with its KV cache;
-- a verify block of 11 tokens (1 pending + 10 drafted): ours, one 16-row forward.
+- a verify block of 11 tokens (1 pending + 10 drafted): ours, one 16-row forward;
+- the same 11 tokens as a token tree of 1, 2, 3 and 5 root-to-leaf chains (runner.verify_tree):
+  what each extra branch of a tree costs.
 Methods alternate within each repeat; the best and the median of the repeats are printed.
 """
 
@@ -17,6 +19,14 @@ import inspect
 import statistics
 import sys
 import time
+
+# 11-node trees (root = the pending token) with 1, 2, 3 and 5 root-to-leaf chains
+TREES = {
+    1: [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+    2: [-1, 0, 1, 2, 3, 4, 5, 0, 7, 8, 9],
+    3: [-1, 0, 1, 2, 3, 4, 5, 0, 7, 1, 9],
+    5: [-1, 0, 0, 0, 1, 2, 3, 1, 5, 4, 9],
+}
 
 
 def python_tokens(tokenizer, count: int) -> list[int]:
@@ -75,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                 "verify 11: ours",
                 lambda: (runner.extend(ids[n : n + 11], all_logits=True), runner.truncate(n)),
             )
+            for leaves, parents in TREES.items():
+                timed(f"tree 11, {leaves} leaves", lambda p=parents: runner.verify_tree(ids[n : n + 11], p))
     print(f"context {n} tokens, {args.threads} thread(s), {torch.get_num_threads()} in torch")
     for name, samples in times.items():
         best, median = min(samples), statistics.median(samples)

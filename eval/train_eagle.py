@@ -188,22 +188,34 @@ def held_out_agreement(head: TrainableHead, data: TargetPass, batch: int) -> tup
     return agree[0] / max(total[0], 1), agree[1] / max(total[1], 1)
 
 
-def learning_rate(step: int, total: int, settings: EagleSettings) -> float:
+def learning_rate(step: int, total: int, elapsed_min: float, settings: EagleSettings) -> float:
+    """Warm-up, then a cosine decay to 0 over whichever ends first: the steps or the time budget."""
     if step < settings.warmup:
         return settings.lr * (step + 1) / settings.warmup
-    progress = (step - settings.warmup) / max(1, total - settings.warmup)
+    progress = max((step - settings.warmup) / max(1, total - settings.warmup), elapsed_min / settings.minutes)
     return settings.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def cached_pass(target, windows: torch.Tensor, name: str, batch: int) -> TargetPass:
-    """The target pass over windows, computed once and kept under WORK_DIR."""
-    path = WORK_DIR / f"{name}-{len(windows)}x{windows.shape[1]}.pt"
-    if path.exists():
+    """The target pass over windows, kept under WORK_DIR; a pass stored for a prefix of them is reused."""
+    length = windows.shape[1]
+    done = TargetPass(
+        windows[:0], torch.empty(0, length, target.shape.hidden, dtype=target.embed.dtype), windows[:0]
+    )
+    for path in sorted(WORK_DIR.glob(f"{name}-*x{length}.pt")):
         saved = torch.load(path, weights_only=True)
-        if torch.equal(saved["ids"], windows):
-            print(f"target pass: reusing {path}", file=sys.stderr)
-            return TargetPass(saved["ids"], saved["features"], saved["choices"])
-    data = target_pass(target, windows, batch, desc=f"target pass ({name})")
+        n = len(saved["ids"])
+        if len(done.ids) < n <= len(windows) and torch.equal(saved["ids"], windows[:n]):
+            done = TargetPass(saved["ids"], saved["features"], saved["choices"])
+    if len(done.ids):
+        print(f"target pass ({name}): reusing {len(done.ids)} of {len(windows)} windows", file=sys.stderr)
+    if len(done.ids) == len(windows):
+        return done
+    rest = target_pass(target, windows[len(done.ids) :], batch, desc=f"target pass ({name})")
+    data = TargetPass(
+        windows, torch.cat([done.features, rest.features]), torch.cat([done.choices, rest.choices])
+    )
+    path = WORK_DIR / f"{name}-{len(windows)}x{length}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"ids": data.ids, "features": data.features, "choices": data.choices}, path)
     return data
@@ -266,7 +278,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
             perm = torch.randperm(len(train.ids), generator=generator)
         rows = perm[position : position + settings.batch]
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, total_steps, settings)
+            group["lr"] = learning_rate(step, total_steps, (time.monotonic() - started) / 60, settings)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, agreement = head_loss(head, train, rows, labels, settings)
         optimizer.zero_grad()

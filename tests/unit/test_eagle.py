@@ -49,9 +49,15 @@ def near_head(target: LoadedModel, subset: int = 480) -> EagleWeights:
     )
 
 
-def eagle_engine(target: LoadedModel, k: int = 8, exact: bool = True) -> CompletionEngine:
+def eagle_engine(target: LoadedModel, k: int = 8, tree: bool = True) -> CompletionEngine:
     config = EngineConfig(
-        target="test", max_draft=k, exact=exact, ngram_min=2, ngram_max=6, draft_min_prob=0.0, kept_outputs=0
+        target="test",
+        max_draft=k,
+        ngram_min=2,
+        ngram_max=6,
+        draft_min_prob=0.0,
+        kept_outputs=0,
+        eagle_tree=tree,
     )
     return CompletionEngine(config, target, near_head(target))
 
@@ -59,9 +65,7 @@ def eagle_engine(target: LoadedModel, k: int = 8, exact: bool = True) -> Complet
 @pytest.mark.parametrize("k", [1, 4, 15])
 @pytest.mark.parametrize("shape", ["tree", "chain"])
 def test_eagle_greedy_equals_plain(one_layer_target, shape, k):
-    engine = eagle_engine(one_layer_target, k=k)
-    if shape == "chain":
-        engine._model_drafter.tree = None
+    engine = eagle_engine(one_layer_target, k=k, tree=shape == "tree")
     accepted = drafted = trees = 0
     for prompt in random_prompts(one_layer_target.vocab_size, 10, seed=k):
         expected = plain(engine, prompt, 40)
@@ -75,7 +79,7 @@ def test_eagle_greedy_equals_plain(one_layer_target, shape, k):
 
 
 def test_eagle_hybrid_equals_plain(one_layer_target):
-    engine = eagle_engine(one_layer_target, k=10)
+    engine = eagle_engine(one_layer_target, k=10, tree=False)
     sources = Counter()
     for i, prompt in enumerate(random_prompts(one_layer_target.vocab_size, 10, seed=11)):
         expected = plain(engine, prompt, 40)
@@ -88,7 +92,7 @@ def test_eagle_hybrid_equals_plain(one_layer_target):
 
 def test_eagle_after_reused_prefixes_and_warmups_equals_plain(one_layer_target):
     """Requests that share prefixes (the head keeps its slots) and warm-ups in between."""
-    engine = eagle_engine(one_layer_target, k=8)
+    engine = eagle_engine(one_layer_target, k=8, tree=False)
     base = random_prompts(one_layer_target.vocab_size, 1, seed=3)[0] * 3
     for cut in (len(base), len(base) - 5, len(base) + 0, len(base) - 1):
         prompt = base[:cut] + [7, 8]
