@@ -207,6 +207,23 @@ def agreement(draft: TrainableDraft, target_model, windows: torch.Tensor, batch:
     return agree / max(total, 1)
 
 
+def save_checkpoint(path: Path, name: str, model: nn.Module, optimizer, step: int) -> None:
+    """The trained module (under `name`), its optimizer and the step, for --resume."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({name: model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, path)
+
+
+def resume(path: Path, name: str, model: nn.Module, optimizer) -> int:
+    """Load a checkpoint written by save_checkpoint, if there is one; the step to go on from."""
+    if not path.exists():
+        return 0
+    saved = torch.load(path, weights_only=False)
+    model.load_state_dict(saved[name])
+    optimizer.load_state_dict(saved["optimizer"])
+    print(f"resumed at step {saved['step']}", file=sys.stderr)
+    return saved["step"]
+
+
 def learning_rate(step: int, settings: TrainSettings) -> float:
     if step < settings.warmup:
         return settings.lr * (step + 1) / settings.warmup
@@ -291,12 +308,8 @@ def run_train_distilled(args: argparse.Namespace) -> int:
     optimizer = torch.optim.AdamW(draft.parameters(), lr=settings.lr, weight_decay=0.0)
     step = 0
     checkpoint = Path(args.checkpoint or "eval/out/train-draft/checkpoint.pt")
-    if args.resume and checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        draft.load_state_dict(saved["draft"])
-        optimizer.load_state_dict(saved["optimizer"])
-        step = saved["step"]
-        print(f"resumed at step {step}", file=sys.stderr)
+    if args.resume:
+        step = resume(checkpoint, "draft", draft, optimizer)
     before = agreement(draft, target_model, held_out, settings.batch)
     print(f"held-out top-1 agreement before training: {before:.3f}", file=sys.stderr, flush=True)
     started = time.monotonic()
@@ -316,10 +329,7 @@ def run_train_distilled(args: argparse.Namespace) -> int:
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if step % settings.checkpoint_every == 0:
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(
-                {"draft": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint
-            )
+            save_checkpoint(checkpoint, "draft", draft, optimizer, step)
     bar.close()
     after = agreement(draft, target_model, held_out, settings.batch)
     config = DraftConfig(

@@ -34,7 +34,9 @@ from eval.train_draft import (
     causal_layer,
     frequent_tokens,
     python_files,
+    resume,
     rotary_tables,
+    save_checkpoint,
     token_windows,
 )
 
@@ -262,12 +264,8 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     total_steps = steps_per_epoch * settings.epochs_max
     step = 0
     checkpoint = Path(args.checkpoint or WORK_DIR / "checkpoint.pt")
-    if args.resume and checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        head.load_state_dict(saved["head"])
-        optimizer.load_state_dict(saved["optimizer"])
-        step = saved["step"]
-        print(f"resumed at step {step}", file=sys.stderr)
+    if args.resume:
+        step = resume(checkpoint, "head", head, optimizer)
     started = time.monotonic()
     bar = tqdm(total=total_steps, initial=step, desc="train-eagle", file=sys.stderr)
     generator = torch.Generator().manual_seed(settings.seed + step)
@@ -289,10 +287,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{agreement:.2f}")
         if step % 50 == 0:
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(
-                {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, checkpoint
-            )
+            save_checkpoint(checkpoint, "head", head, optimizer, step)
     bar.close()
     first, second = held_out_agreement(head, test, settings.batch)
     out = Path(args.out or EAGLE_DIR)

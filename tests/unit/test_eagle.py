@@ -10,14 +10,21 @@ import torch
 
 from completion_engine.config import EngineConfig
 from completion_engine.drafting.eagle import EagleDrafter, EagleHead, EagleWeights, TreeSettings
-from completion_engine.eagle import EagleConfig, is_eagle_head, load_eagle, save_eagle
+from completion_engine.eagle import (
+    LAYER_FIELDS,
+    EagleConfig,
+    eagle_weights,
+    is_eagle_head,
+    load_eagle,
+    save_eagle,
+)
 from completion_engine.engine import CompletionEngine
 from completion_engine.models import LoadedModel, ModelLoadError
 from completion_engine.runner import DecoderRunner
 from completion_engine.types import Request
 from tests.conftest import tiny_loaded
 from tests.unit.test_lossless import corrupted, plain, random_prompts
-from tests.unit.test_sampling import next_token_probs, total_variation
+from tests.unit.test_sampling import next_token_probs, second_tokens, total_variation
 
 
 @pytest.fixture(scope="module")
@@ -33,20 +40,12 @@ def near_head(target: LoadedModel, subset: int = 480) -> EagleWeights:
     """
     w = target.weights
     hidden = w.shape.hidden
-    fc = torch.cat([torch.eye(hidden), 0.01 * torch.eye(hidden)], dim=1).to(w.embed.dtype)
-    vocab_map = torch.arange(subset)
-    return EagleWeights(
-        shape=w.shape,
-        fc=fc,
-        feature_norm=torch.ones(hidden, dtype=w.embed.dtype),
-        layer=w.layers[-1],
-        embed=w.embed,
-        final_norm=w.final_norm,
-        head=w.lm_head[vocab_map],
-        vocab_map=vocab_map,
-        inv_freq=w.inv_freq,
-        rope_scale=w.rope_scale,
-    )
+    state = {
+        "fc": torch.cat([torch.eye(hidden), 0.01 * torch.eye(hidden)], dim=1),
+        "feature_norm": torch.ones(hidden),
+        **{f"layer.{name}": getattr(w.layers[-1], name) for name in LAYER_FIELDS},
+    }
+    return eagle_weights(w, state, torch.arange(subset))
 
 
 def eagle_engine(target: LoadedModel, k: int = 8, tree: bool = True) -> CompletionEngine:
@@ -158,18 +157,7 @@ def test_sampling_with_the_head_matches_the_target_distribution(one_layer_target
     second = next_token_probs(engine, [*prompt, t1], temperature)
     buckets = {(int(t),): float(second[t]) for t in torch.topk(second, 6).indices}
     buckets[("other",)] = 1.0 - sum(buckets.values())
-    counts: Counter = Counter()
-    accepted = drafted = 0
-    for seed in range(1200):
-        generation = engine.complete(
-            Request(context=prompt, max_new_tokens=3, draft="model", temperature=temperature, seed=seed)
-        )
-        if generation.tokens[0] != t1:
-            continue
-        key = (generation.tokens[1],)
-        counts[key if key in buckets else ("other",)] += 1
-        accepted += generation.stats.accepted
-        drafted += generation.stats.drafted
+    counts, accepted, drafted = second_tokens(engine, prompt, t1, buckets, "model", temperature, runs=1200)
     samples = sum(counts.values())
     assert samples > 150 and 0 < accepted < drafted
     assert total_variation(counts, buckets, samples) < 1.5 * (len(buckets) / samples) ** 0.5

@@ -95,21 +95,36 @@ def test_engine_sampling_matches_the_target_distribution(tiny_target):
     engine.corpus.set_document("d", [*prompt[-3:], t1, int(second.argmax()), 9, 9])
     buckets = {(int(t),): float(second[t]) for t in torch.topk(second, 6).indices}
     buckets[("other",)] = 1.0 - sum(buckets.values())
+    counts, accepted, _ = second_tokens(engine, prompt, t1, buckets, "ngram", temperature, runs=1500)
+    samples = sum(counts.values())
+    assert samples > 250 and 0 < accepted < samples  # both branches of the verify step were taken
+    # sqrt(buckets / samples) / 2 is about the expected total-variation error; allow 3 times it
+    assert total_variation(counts, buckets, samples) < 1.5 * (len(buckets) / samples) ** 0.5
+
+
+def second_tokens(
+    engine: CompletionEngine,
+    prompt: list[int],
+    t1: int,
+    buckets: dict,
+    draft: str,
+    temperature: float,
+    runs: int,
+) -> tuple[Counter, int, int]:
+    """Seeded 3-token runs that start with t1: the second token's bucket counts, accepted and drafted."""
     counts: Counter = Counter()
-    accepted = 0
-    for seed in range(1500):
+    accepted = drafted = 0
+    for seed in range(runs):
         generation = engine.complete(
-            Request(context=prompt, max_new_tokens=3, draft="ngram", temperature=temperature, seed=seed)
+            Request(context=prompt, max_new_tokens=3, draft=draft, temperature=temperature, seed=seed)
         )
         if generation.tokens[0] != t1:
             continue
         key = (generation.tokens[1],)
         counts[key if key in buckets else ("other",)] += 1
         accepted += generation.stats.accepted
-    samples = sum(counts.values())
-    assert samples > 250 and 0 < accepted < samples  # both branches of the verify step were taken
-    # sqrt(buckets / samples) / 2 is about the expected total-variation error; allow 3 times it
-    assert total_variation(counts, buckets, samples) < 1.5 * (len(buckets) / samples) ** 0.5
+        drafted += generation.stats.drafted
+    return counts, accepted, drafted
 
 
 def next_token_probs(engine: CompletionEngine, context: list[int], temperature: float) -> torch.Tensor:
