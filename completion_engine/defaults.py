@@ -22,6 +22,7 @@ def default_draft_method(draft_model: str | None) -> str:
     """hybrid when a draft model is there (n-gram matches first, the model elsewhere), else ngram."""
     return "hybrid" if draft_model else "ngram"
 
+
 EAGLE_NAME = "smollm2-135m-eagle"  # the EAGLE head for the embedded target (drafting/eagle.py)
 EAGLE_DIR = Path(__file__).resolve().parent / "data" / EAGLE_NAME
 EAGLE_WEIGHTS = "eagle.safetensors"

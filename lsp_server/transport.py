@@ -11,6 +11,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -319,8 +320,18 @@ async def serve_ws(shared: SharedState, options: WsOptions, announce: Callable[[
         max_queue=4,  # incoming messages buffered per connection: memory stays bounded
     ) as ws_server:
         port = ws_server.sockets[0].getsockname()[1]
+        _stop_on_signals(ws_server.close)
         announce(ws_url(options.host, port))
         await ws_server.serve_forever()
+
+
+def _stop_on_signals(stop: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT close the server between two events of the loop, so the caller's cleanup
+    (the worker, and Ray for the replicas) runs in order; a KeyboardInterrupt raised wherever the main
+    thread happened to be could leave a library's lock held and the process hanging."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop)
 
 
 async def _serve_ws_client(shared: SharedState, websocket) -> None:

@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import signal
+import threading
 from dataclasses import dataclass
 
 from lsp_server.cli import shared_state
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 APP_NAME = "spec-complete"
 FIRST_PING_TIMEOUT_S = 300.0
+SHUTDOWN_TIMEOUT_S = 20.0  # for Serve's graceful stop, before Ray goes down regardless
 
 
 def scaling_options(args: argparse.Namespace) -> dict:
@@ -157,10 +159,17 @@ def _shutdown(joined_cluster: bool) -> None:
     stop_listening(APP_NAME)
     if not ray.is_initialized():
         return
-    try:
-        if joined_cluster:
-            serve.delete(APP_NAME)
-        else:
-            serve.shutdown()
-    finally:
-        ray.shutdown()
+    # Serve's graceful stop waits on its controller and on each replica's drain; a replica that is
+    # still loading (one replacing a dead replica) can hold it past any client's patience. Bounded:
+    # the local Ray instance started here goes down with ray.shutdown() either way.
+    graceful = threading.Thread(
+        target=serve.delete if joined_cluster else serve.shutdown,
+        args=(APP_NAME,) if joined_cluster else (),
+        name="serve-shutdown",
+        daemon=True,
+    )
+    graceful.start()
+    graceful.join(SHUTDOWN_TIMEOUT_S)
+    if graceful.is_alive():
+        logger.warning("Ray Serve did not stop within %.0f s; taking Ray down", SHUTDOWN_TIMEOUT_S)
+    ray.shutdown()

@@ -45,7 +45,14 @@ class ReplicaConfig:
     corpus_tokens: int
 
 
-@serve.deployment(max_ongoing_requests=256, health_check_period_s=1.0, health_check_timeout_s=30.0)
+# The front end cancels its requests before it stops the deployment: a replica need not wait the
+# default 20 s for them to drain.
+@serve.deployment(
+    max_ongoing_requests=256,
+    health_check_period_s=1.0,
+    health_check_timeout_s=30.0,
+    graceful_shutdown_timeout_s=5.0,
+)
 class EngineReplica:
     def __init__(self, config: ReplicaConfig) -> None:
         from completion_engine.engine import CompletionEngine  # torch loads here, in the replica
