@@ -23,7 +23,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         help="draft model (same forms) for --draft model|hybrid; the embedded target gets its shipped one",
     )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16) | bfloat16 | float16 | float32")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bf16 on a GPU or a CPU with bf16 units, else float32) | bfloat16 | float16 | float32",
+    )
     parser.add_argument(
         "--inexact",
         action="store_true",

@@ -45,6 +45,8 @@ import torch.nn.functional as F
 from completion_engine.kv import KEY_BUCKET, KVCache, common_prefix_len
 
 DECODE_ROWS = 16  # rows of a decode / verify forward: a verify block holds at most this many tokens
+# smaller decode forwards, used where they give every row the bits of a DECODE_ROWS forward (probed)
+DECODE_BUCKET_CANDIDATES = (4, 8, DECODE_ROWS)
 PREFILL_ROWS = 128  # rows of a prefill forward
 DECODE_ATTENTION_ROWS = 4  # query rows per attention call in a decode forward
 FAST = 0  # row bucket recorded for positions computed in fast (inexact) mode
@@ -143,7 +145,12 @@ class DecoderRunner:
     """
 
     def __init__(
-        self, weights: DecoderWeights, exact: bool, capacity: int, keep_features: bool = False
+        self,
+        weights: DecoderWeights,
+        exact: bool,
+        capacity: int,
+        keep_features: bool = False,
+        decode_buckets: tuple[int, ...] | None = None,
     ) -> None:
         self.w = weights
         self.shape = weights.shape
@@ -173,6 +180,11 @@ class DecoderRunner:
             if keep_features
             else None
         )
+        # row counts of decode forwards, smallest first: (DECODE_ROWS,) unless smaller forwards give
+        # the same bits (None: probe this machine's kernels with these weights)
+        self.decode_buckets = decode_buckets or (self._probe_decode_buckets() if exact else (DECODE_ROWS,))
+        if self.decode_buckets[-1] != DECODE_ROWS:
+            raise ValueError(f"decode buckets must end with DECODE_ROWS ({DECODE_ROWS})")
 
     @property
     def capacity(self) -> int:
@@ -225,7 +237,8 @@ class DecoderRunner:
             if position < boundary:  # up to the end of this position's block of PREFILL_ROWS
                 rows, end = PREFILL_ROWS, min(boundary, (position // PREFILL_ROWS + 1) * PREFILL_ROWS)
             else:
-                rows, end = DECODE_ROWS, min(len(context), position + DECODE_ROWS)
+                end = min(len(context), position + DECODE_ROWS)
+                rows = self._decode_rows(end - position)
             last = end == len(context)
             logits = self._run(list(context[position:end]), rows, all_logits=False, logits=last)
             position = end
@@ -246,10 +259,11 @@ class DecoderRunner:
         for begin in range(0, len(tokens), step):
             block = list(tokens[begin : begin + step])
             last_block = begin + step >= len(tokens)
+            rows = self._decode_rows(len(block)) if self.exact else step
             if all_logits or last_block:
-                logits.append(self._run(block, step, all_logits))
+                logits.append(self._run(block, rows, all_logits))
             else:
-                self._run(block, step, all_logits=False, logits=False)
+                self._run(block, rows, all_logits=False, logits=False)
         return torch.cat(logits)
 
     @torch.inference_mode()
@@ -268,7 +282,7 @@ class DecoderRunner:
             raise ValueError(f"a token tree has 1 to {DECODE_ROWS} nodes, each with a parent")
         tree = TreePlan.of(parents, self.shape.n_layers)
         self._check_room(len(self.cache) + max(tree.depths) + 1)
-        hidden = self._forward(list(tokens), DECODE_ROWS, tree)
+        hidden = self._forward(list(tokens), self._decode_rows(len(tokens)), tree)
         tree.hidden = hidden[: len(tokens)]
         self._tree = (list(tokens), tree)
         return self._logits(hidden)[: len(tokens)].float()
@@ -283,6 +297,44 @@ class DecoderRunner:
             self.features[start : start + len(path)] = tree.hidden[path]
         self.cache.append_tokens([tokens[node] for node in path], DECODE_ROWS)
 
+    def _decode_rows(self, n: int) -> int:
+        """The rows of the decode forward that holds n tokens: the smallest bucket that fits them."""
+        return next(rows for rows in self.decode_buckets if rows >= n)
+
+    @staticmethod
+    def _bucket_class(rows: int) -> int:
+        """The row bucket the KV cache records: decode buckets are one class, as they give the same bits."""
+        return PREFILL_ROWS if rows == PREFILL_ROWS else DECODE_ROWS
+
+    @torch.inference_mode()
+    def _probe_decode_buckets(self) -> tuple[int, ...]:
+        """The decode forwards smaller than DECODE_ROWS that give every row the bits of a DECODE_ROWS one.
+
+        Whether a GEMM's row depends on the row count is up to the kernels the library picks for each
+        shape, dtype and thread count: e.g. on an AVX2 CPU in float32, 4-, 8- and 16-row forwards agree
+        bit for bit (1-row ones do not), and a 4-row forward costs 0.75x a 16-row one; on an AMX CPU in
+        bf16 a 16-row forward costs about what a 1-row one does. So each runner checks, once, with its
+        own weights: the same tokens through each candidate row count, every layer's output and the
+        logits compared bit for bit with the DECODE_ROWS forward. Only candidates that agree are used.
+        """
+        tokens = [(7919 * i + 11) % self.shape.vocab for i in range(3)]  # any tokens: kernels, not data
+        start = len(self.cache)
+
+        def outputs(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+            hidden = self._forward(tokens, rows)  # writes scratch keys past the cache's length only
+            logits = F.linear(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps), self.w.lm_head)
+            return hidden[: len(tokens)], logits[: len(tokens)]
+
+        reference = outputs(DECODE_ROWS)
+        agree = [
+            rows
+            for rows in DECODE_BUCKET_CANDIDATES[:-1]
+            if all(torch.equal(a, b) for a, b in zip(outputs(rows), reference, strict=True))
+        ]
+        self.forwards = 0
+        assert len(self.cache) == start
+        return (*agree, DECODE_ROWS)
+
     def _check_room(self, length: int) -> None:
         if length > self.capacity:
             raise ValueError(f"context of {length} tokens exceeds capacity {self.capacity}")
@@ -296,7 +348,7 @@ class DecoderRunner:
         if self.features is not None:
             start = len(self.cache)
             self.features[start : start + len(tokens)] = hidden[: len(tokens)]
-        self.cache.append_tokens(tokens, rows if self.exact else FAST)
+        self.cache.append_tokens(tokens, self._bucket_class(rows) if self.exact else FAST)
         if not logits:
             return None
         if all_logits:
@@ -306,12 +358,12 @@ class DecoderRunner:
     def _select_row(self, hidden: torch.Tensor, row: int) -> torch.Tensor:
         if not self.exact:
             return hidden[row : row + 1]
-        picked = hidden.new_zeros(DECODE_ROWS, hidden.shape[1])  # the LM head always sees DECODE_ROWS rows
+        picked = hidden.new_zeros(self.decode_buckets[0], hidden.shape[1])  # the LM head sees a decode bucket
         picked[0] = hidden[row]
         return picked
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.exact and hidden.shape[0] != DECODE_ROWS:  # all logits of a prefill forward: per block
+        if self.exact and hidden.shape[0] not in self.decode_buckets:  # all logits of a prefill forward: per block
             return torch.cat([self._logits(part) for part in hidden.split(DECODE_ROWS)])
         return F.linear(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps), self.w.lm_head)
 

@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=2000, help="context tokens (default 2000)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 (both sides use it)")
     args = parser.parse_args(argv)
 
     import torch
@@ -55,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     from completion_engine.runner import DecoderRunner
 
     torch.set_num_threads(args.threads)
-    model = load_model("smollm2-135m", progress=False)
-    hf = AutoModelForCausalLM.from_pretrained(resolve_source("smollm2-135m", False), dtype=torch.bfloat16)
+    model = load_model("smollm2-135m", dtype=args.dtype, progress=False)
+    dtype = model.weights.embed.dtype
+    hf = AutoModelForCausalLM.from_pretrained(resolve_source("smollm2-135m", False), dtype=dtype)
     hf.eval()
     ids = python_tokens(model.tokenizer, args.context)
     context, n = ids[: args.context], args.context
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for leaves, parents in TREES.items():
                 timed(f"tree 11, {leaves} leaves", lambda p=parents: runner.verify_tree(ids[n : n + 11], p))
-    print(f"context {n} tokens, {args.threads} thread(s), {torch.get_num_threads()} in torch")
+    print(f"context {n} tokens, {dtype}, {args.threads} thread(s), {torch.get_num_threads()} in torch")
     for name, samples in times.items():
         best, median = min(samples), statistics.median(samples)
         extra = f"  ({n / best:.0f} tokens/s)" if name.startswith("prefill") else ""

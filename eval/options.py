@@ -110,13 +110,18 @@ def build_peers(
     )
     hf_draft = None if own else config.draft_model
     draft = resolve_source(hf_draft, progress) if hf_draft else None
-    peers = [HfPeers(target, draft, resolve_dtype(config.dtype), resolve_device(config.device), names=names)]
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    peers = [HfPeers(target, draft, dtype, device, names=names)]
     python = vllm_python(vllm)
     if python is not None:
         say(f"starting vLLM peers (plain, ngram, suffix) with {python}")
         import torch
 
-        peers.append(VllmPeers(python, target, k=config.max_draft, threads=torch.get_num_threads()))
+        vllm_dtype = str(dtype).removeprefix("torch.")
+        peers.append(
+            VllmPeers(python, target, k=config.max_draft, threads=torch.get_num_threads(), dtype=vllm_dtype)
+        )
     else:
         say("vLLM peers skipped: vllm is not importable and no --vllm-python was given (eval/peers_vllm.py)")
     return peers

@@ -46,7 +46,12 @@ class VllmPeers:
     """One worker per method; `run_case` gives rows shaped like the HF peers' (vllm_plain, ...)."""
 
     def __init__(
-        self, python: str, model_folder: str | Path, k: int = 10, threads: int | None = None
+        self,
+        python: str,
+        model_folder: str | Path,
+        k: int = 10,
+        threads: int | None = None,
+        dtype: str = "bfloat16",
     ) -> None:
         env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=KV_CACHE_GIB)
         self.workers: dict[str, subprocess.Popen] = {}
@@ -61,6 +66,8 @@ class VllmPeers:
                     method,
                     "--k",
                     str(k),
+                    "--dtype",
+                    dtype,
                 ]
                 self.workers[method] = subprocess.Popen(
                     command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env

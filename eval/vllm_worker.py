@@ -23,7 +23,7 @@ import time
 REPLY_MARK = "@spec-complete-vllm"
 
 
-def build_llm(model: str, method: str, k: int, max_model_len: int):
+def build_llm(model: str, method: str, k: int, max_model_len: int, dtype: str = "bfloat16"):
     from vllm import LLM
 
     speculative = None
@@ -38,9 +38,7 @@ def build_llm(model: str, method: str, k: int, max_model_len: int):
         speculative = {"method": "suffix", "num_speculative_tokens": k}
     elif method != "plain":
         raise SystemExit(f"vllm_worker: unknown method {method!r} (plain, ngram, suffix)")
-    return LLM(
-        model=model, dtype="bfloat16", max_model_len=max_model_len, speculative_config=speculative, seed=0
-    )
+    return LLM(model=model, dtype=dtype, max_model_len=max_model_len, speculative_config=speculative, seed=0)
 
 
 def timed_generate(llm, context: list[int], new_tokens: int) -> tuple[list[int], float]:
@@ -58,8 +56,9 @@ def main() -> int:
     parser.add_argument("--method", default="plain", help="plain | ngram | suffix")
     parser.add_argument("--k", type=int, default=10, help="speculative tokens per step")
     parser.add_argument("--max-model-len", type=int, default=4608)
+    parser.add_argument("--dtype", default="bfloat16", help="the engine's dtype: bfloat16 | float32")
     args = parser.parse_args()
-    llm = build_llm(args.model, args.method, args.k, args.max_model_len)
+    llm = build_llm(args.model, args.method, args.k, args.max_model_len, args.dtype)
     reply({"ready": True})
     for line in sys.stdin:
         request = json.loads(line)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from completion_engine import models
 from completion_engine.models import LoadedModel, ModelLoadError, check_compatible, load_model
 from completion_engine.tiny import build_tokenizer, save_tiny
 
@@ -53,3 +55,19 @@ def test_draft_with_another_tokenizer_is_refused(tiny_folder, tiny_target):
     target = load_model(str(tiny_folder), device="cpu", progress=False)
     with pytest.raises(ModelLoadError, match=r"does not share the target's tokenizer.*512 tokens.*400"):
         check_compatible(target, draft)
+
+
+@pytest.mark.parametrize(("has_bf16", "device", "expected"), [
+    (True, "cpu", torch.bfloat16),
+    (False, "cpu", torch.float32),  # an AVX2-only CPU emulates bf16 matmuls: float32 is ~8x faster
+    (False, "cuda", torch.bfloat16),
+])  # fmt: skip
+def test_auto_dtype_follows_the_hardware(monkeypatch, has_bf16, device, expected):
+    monkeypatch.setattr(models, "cpu_has_bf16_matmul", lambda: has_bf16)
+    assert models.resolve_dtype("auto", torch.device(device)) == expected
+    assert models.resolve_dtype("float32", torch.device(device)) == torch.float32  # an explicit choice stands
+
+
+def test_unknown_dtype_is_a_clear_error():
+    with pytest.raises(ModelLoadError, match="choose auto, bfloat16, float16 or float32"):
+        models.resolve_dtype("int4")

@@ -47,6 +47,31 @@ def test_bf16_verify_block_equals_decode_steps_bit_for_bit(tiny_target, prefix_l
     assert torch.equal(block, steps)
 
 
+@pytest.mark.parametrize("fixture", ["tiny_target", "tiny_target_fp32"])
+def test_probed_decode_buckets_give_the_bits_of_full_decode_forwards(request, fixture):
+    """Whatever smaller decode forwards the probe admits on this machine, each row keeps its bits:
+    steps of 1 token, blocks of 3, 5 and 11 (4-, 8- and 16-row forwards where admitted) against a
+    runner that only ever runs DECODE_ROWS-row forwards."""
+    model = request.getfixturevalue(fixture)
+    probed = DecoderRunner(model.weights, exact=True, capacity=1024)
+    full = DecoderRunner(model.weights, exact=True, capacity=1024, decode_buckets=(DECODE_ROWS,))
+    assert probed.decode_buckets[-1] == DECODE_ROWS and full.decode_buckets == (DECODE_ROWS,)
+    ids = tokens(150, model.vocab_size, seed=7)
+    for runner in (probed, full):
+        runner.prefill(ids[:120])
+    for size in (1, 3, 5, 11, 1):
+        block = ids[len(probed) : len(probed) + size]
+        assert torch.equal(probed.extend(block, all_logits=True), full.extend(block, all_logits=True))
+    tree = [-1, 0, 1, 0, 3]  # a 5-node tree: an 8-row forward where admitted
+    nodes = ids[len(probed) : len(probed) + 5]
+    assert torch.equal(probed.verify_tree(nodes, tree), full.verify_tree(nodes, tree))
+
+
+def test_decode_buckets_must_include_the_full_decode_forward(tiny_target):
+    with pytest.raises(ValueError, match="must end with DECODE_ROWS"):
+        DecoderRunner(tiny_target.weights, exact=True, capacity=256, decode_buckets=(4, 8))
+
+
 def test_prefill_chunking_does_not_change_bits(tiny_target):
     ids = tokens(300, tiny_target.vocab_size, seed=1)
     whole = DecoderRunner(tiny_target.weights, exact=True, capacity=1024).extend(ids)
