@@ -64,6 +64,12 @@ def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose auto, bfloat16, float16 or float32") from None
 
 
+def dtype_label(dtype: str, device: str = "auto") -> str:
+    """The dtype a setting resolves to here, by name: "float32 (auto)", "bfloat16"."""
+    name = str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch.")
+    return f"{name} (auto)" if dtype == "auto" else name
+
+
 def cpu_has_bf16_matmul() -> bool:
     """Whether this CPU multiplies bf16 natively (x86 AMX-BF16 or AVX512-BF16; Linux's cpuinfo flags)."""
     try:

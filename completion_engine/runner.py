@@ -7,7 +7,10 @@ attention kernels than the same position in a 1-token decode step, so near-tied 
 How (exact mode): a forward multiplies a fixed number of rows, padding included, so every Linear,
 norm and activation sees one of two shapes: DECODE_ROWS (decode steps and verify blocks) or
 PREFILL_ROWS (context prefill). At a fixed shape a row's result depends neither on its place in the
-block nor on the other rows. Attention runs per key bucket: each query row attends to its own causal
+block nor on the other rows. Where the kernels give a row the same bits in a 4- or 8-row forward as
+in a DECODE_ROWS one (probed once per runner, `_probe_decode_buckets`: so on AVX2 CPUs in float32,
+never for 1 row), a short decode forward uses the smallest such bucket that holds it.
+Attention runs per key bucket: each query row attends to its own causal
 prefix of length L, keys and values padded (masked to -inf, so they add exact zeros) to a multiple
 of KEY_BUCKET, in calls of a fixed number of query rows (DECODE_ATTENTION_ROWS in decode forwards,
 KEY_BUCKET in prefill forwards). So the hidden state of a position is a pure function of the
@@ -363,7 +366,7 @@ class DecoderRunner:
         return picked
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.exact and hidden.shape[0] not in self.decode_buckets:  # all logits of a prefill forward: per block
+        if self.exact and hidden.shape[0] not in self.decode_buckets:  # a prefill forward's: per block
             return torch.cat([self._logits(part) for part in hidden.split(DECODE_ROWS)])
         return F.linear(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps), self.w.lm_head)
 

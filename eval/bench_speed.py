@@ -61,7 +61,9 @@ def configuration_name(exact: bool, dtype: str) -> str:
 
 
 def _dtype_name(dtype: str) -> str:
-    return "bfloat16" if dtype == "auto" else dtype
+    from completion_engine.models import dtype_label
+
+    return dtype_label(dtype).removesuffix(" (auto)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -159,6 +159,7 @@ def run_meta(
     peers: bool,
 ) -> dict:
     """What a run's results depend on (a resume must match it) and the machine it ran on."""
+    from completion_engine.models import dtype_label
     from completion_engine.stopping import policy_description
     from eval.suite import machine_meta
 
@@ -167,7 +168,7 @@ def run_meta(
         "command": command_line(),
         "target": config.target,
         "draft_model": config.draft_model,
-        "dtype": config.dtype if config.dtype != "auto" else "bfloat16 (auto)",
+        "dtype": dtype_label(config.dtype, config.device),
         "exact": config.exact,
         "methods": list(methods),
         "variants": list(requested_variants(args)),

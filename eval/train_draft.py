@@ -283,9 +283,10 @@ def run_train_distilled(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     torch.manual_seed(settings.seed)
-    target = load_model("smollm2-135m", device="cpu", dtype="bfloat16", progress=True)
+    # the target in the dtype it serves in here (float32 on a CPU that emulates bf16: 8x faster)
+    target = load_model("smollm2-135m", device="cpu", dtype="auto", progress=True)
     target_model = AutoModelForCausalLM.from_pretrained(
-        resolve_source("smollm2-135m", True), dtype=torch.bfloat16
+        resolve_source("smollm2-135m", True), dtype=target.weights.embed.dtype
     )
     target_model.eval()
     eos = next(iter(target.eos_token_ids))
