@@ -98,7 +98,7 @@ def build_peers(
     and vLLM's plain, ngram and suffix engines when a vLLM interpreter is given or importable here."""
     from completion_engine.distilled import DISTILLED_NAME
     from completion_engine.eagle import is_eagle_head
-    from completion_engine.models import resolve_device, resolve_dtype, resolve_source
+    from completion_engine.models import dtype_name, resolve_device, resolve_dtype, resolve_source
     from eval.peers import HfPeers
     from eval.peers_vllm import VllmPeers, vllm_python
 
@@ -118,9 +118,10 @@ def build_peers(
         say(f"starting vLLM peers (plain, ngram, suffix) with {python}")
         import torch
 
-        vllm_dtype = str(dtype).removeprefix("torch.")
         peers.append(
-            VllmPeers(python, target, k=config.max_draft, threads=torch.get_num_threads(), dtype=vllm_dtype)
+            VllmPeers(
+                python, target, k=config.max_draft, threads=torch.get_num_threads(), dtype=dtype_name(dtype)
+            )
         )
     else:
         say("vLLM peers skipped: vllm is not importable and no --vllm-python was given (eval/peers_vllm.py)")

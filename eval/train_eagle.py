@@ -27,7 +27,7 @@ from torch import nn
 
 from completion_engine.drafting.eagle import EagleWeights
 from completion_engine.eagle import EAGLE_DIR, EagleConfig, eagle_weights, save_eagle
-from completion_engine.models import cpu_has_bf16_matmul
+from completion_engine.models import cpu_has_bf16_matmul, dtype_name
 from completion_engine.runner import DecoderWeights, rms_norm
 from eval.train_draft import (
     HELD_OUT_PACKAGE,
@@ -205,7 +205,7 @@ def cached_pass(target, windows: torch.Tensor, name: str, batch: int) -> TargetP
     done = TargetPass(
         windows[:0], torch.empty(0, length, target.shape.hidden, dtype=target.embed.dtype), windows[:0]
     )
-    dtype = str(target.embed.dtype).removeprefix("torch.")
+    dtype = dtype_name(target.embed.dtype)
     for path in sorted(WORK_DIR.glob(f"{name}-{dtype}-*x{length}.pt")):
         saved = torch.load(path, weights_only=True)
         n = len(saved["ids"])

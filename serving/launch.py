@@ -162,12 +162,8 @@ def _shutdown(joined_cluster: bool) -> None:
     # Serve's graceful stop waits on its controller and on each replica's drain; a replica that is
     # still loading (one replacing a dead replica) can hold it past any client's patience. Bounded:
     # the local Ray instance started here goes down with ray.shutdown() either way.
-    graceful = threading.Thread(
-        target=serve.delete if joined_cluster else serve.shutdown,
-        args=(APP_NAME,) if joined_cluster else (),
-        name="serve-shutdown",
-        daemon=True,
-    )
+    stop = (lambda: serve.delete(APP_NAME)) if joined_cluster else serve.shutdown
+    graceful = threading.Thread(target=stop, name="serve-shutdown", daemon=True)
     graceful.start()
     graceful.join(SHUTDOWN_TIMEOUT_S)
     if graceful.is_alive():
