@@ -7,9 +7,11 @@ attention kernels than the same position in a 1-token decode step, so near-tied 
 How (exact mode): a forward multiplies a fixed number of rows, padding included, so every Linear,
 norm and activation sees one of two shapes: DECODE_ROWS (decode steps and verify blocks) or
 PREFILL_ROWS (context prefill). At a fixed shape a row's result depends neither on its place in the
-block nor on the other rows. Where the kernels give a row the same bits in a 4- or 8-row forward as
-in a DECODE_ROWS one (probed once per runner, `_probe_decode_buckets`: so on AVX2 CPUs in float32,
-never for 1 row), a short decode forward uses the smallest such bucket that holds it.
+block nor on the other rows. Where the kernels give a row the same bits in a smaller forward as in a
+DECODE_ROWS one (probed once per runner, `_probe_decode_buckets`), a short decode forward uses the
+smallest such bucket that holds it. In float32 on an AVX2 CPU the Linears run on row_invariant's
+kernel, where every output is one fixed chain of fused multiply-adds whatever the row count, so the
+probe admits every bucket and a decode step is a 1-row forward (with MKL there, 1-3 rows differ).
 Attention runs per key bucket: each query row attends to its own causal
 prefix of length L, keys and values padded (masked to -inf, so they add exact zeros) to a multiple
 of KEY_BUCKET, in calls of a fixed number of query rows (DECODE_ATTENTION_ROWS in decode forwards,
@@ -39,17 +41,18 @@ exactness does not matter.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from completion_engine import row_invariant
 from completion_engine.kv import KEY_BUCKET, KVCache, common_prefix_len
 
 DECODE_ROWS = 16  # rows of a decode / verify forward: a verify block holds at most this many tokens
 # smaller decode forwards, used where they give every row the bits of a DECODE_ROWS forward (probed)
-DECODE_BUCKET_CANDIDATES = (4, 8, DECODE_ROWS)
+DECODE_BUCKET_CANDIDATES = (1, 2, 4, 8, DECODE_ROWS)
 PREFILL_ROWS = 128  # rows of a prefill forward
 DECODE_ATTENTION_ROWS = 4  # query rows per attention call in a decode forward
 FAST = 0  # row bucket recorded for positions computed in fast (inexact) mode
@@ -126,6 +129,56 @@ class DecoderWeights:
     lm_head: torch.Tensor  # [vocab, hidden]
     inv_freq: torch.Tensor  # [head_dim / 2] float32 rotary frequencies (any scaling already applied)
     rope_scale: float  # attention_scaling of the rotary embedding (1.0 unless YaRN-like scaling)
+    # the Linears packed for row_invariant's kernel, made once by the first runner that uses them
+    packed: dict[str, tuple[tuple[LayerLinears, ...], Linear]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+
+Linear = Callable[[torch.Tensor], torch.Tensor]  # x [rows, in] -> [rows, out], as F.linear(x, w, b)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerLinears:
+    """The four Linears of a layer as the runner multiplies them: torch's F.linear or the packed kernel."""
+
+    qkv: Linear
+    out: Linear
+    gate_up: Linear
+    down: Linear
+
+
+_packing = threading.Lock()
+
+
+def torch_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+    return lambda x: F.linear(x, weight, bias)
+
+
+def decoder_linears(
+    weights: DecoderWeights, row_invariant_kernel: bool
+) -> tuple[tuple[LayerLinears, ...], Linear]:
+    """Each layer's Linears and the LM head: torch's, or row_invariant's (packed once per weights)."""
+    if not row_invariant_kernel:
+        layers = tuple(
+            LayerLinears(
+                torch_linear(w.qkv, w.qkv_bias),
+                torch_linear(w.out),
+                torch_linear(w.gate_up),
+                torch_linear(w.down),
+            )
+            for w in weights.layers
+        )
+        return layers, torch_linear(weights.lm_head)
+    with _packing:
+        if "row_invariant" not in weights.packed:
+            pack = row_invariant.pack
+            layers = tuple(
+                LayerLinears(pack(w.qkv, w.qkv_bias), pack(w.out), pack(w.gate_up), pack(w.down))
+                for w in weights.layers
+            )
+            weights.packed["row_invariant"] = (layers, pack(weights.lm_head))
+        return weights.packed["row_invariant"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -154,6 +207,7 @@ class DecoderRunner:
         capacity: int,
         keep_features: bool = False,
         decode_buckets: tuple[int, ...] | None = None,
+        row_invariant_kernel: bool | None = None,
     ) -> None:
         self.w = weights
         self.shape = weights.shape
@@ -183,6 +237,11 @@ class DecoderRunner:
             if keep_features
             else None
         )
+        # float32 on an AVX2 CPU: row_invariant's kernel, whose rows never depend on the row count
+        if row_invariant_kernel is None:
+            row_invariant_kernel = row_invariant.usable(self.dtype, self.device)
+        self.row_invariant_kernel = row_invariant_kernel
+        self.linears, self.lm_head = decoder_linears(weights, row_invariant_kernel)
         # row counts of decode forwards, smallest first: (DECODE_ROWS,) unless smaller forwards give
         # the same bits (None: probe this machine's kernels with these weights)
         self.decode_buckets = decode_buckets or (self._probe_decode_buckets() if exact else (DECODE_ROWS,))
@@ -314,26 +373,28 @@ class DecoderRunner:
         """The decode forwards smaller than DECODE_ROWS that give every row the bits of a DECODE_ROWS one.
 
         Whether a GEMM's row depends on the row count is up to the kernels the library picks for each
-        shape, dtype and thread count: e.g. on an AVX2 CPU in float32, 4-, 8- and 16-row forwards agree
-        bit for bit (1-row ones do not), and a 4-row forward costs 0.75x a 16-row one; on an AMX CPU in
-        bf16 a 16-row forward costs about what a 1-row one does. So each runner checks, once, with its
-        own weights: the same tokens through each candidate row count, every layer's output and the
-        logits compared bit for bit with the DECODE_ROWS forward. Only candidates that agree are used.
+        shape, dtype and thread count: e.g. with MKL on an AVX2 CPU in float32, 4-, 8- and 16-row
+        forwards agree bit for bit (1-row ones do not), and a 4-row forward costs 0.75x a 16-row one;
+        on an AMX CPU in bf16 a 16-row forward costs about what a 1-row one does; row_invariant's kernel
+        agrees at every row count by construction. So each runner checks, once, with its own weights:
+        the same tokens through each candidate row count, every layer's output and the logits compared
+        bit for bit with the DECODE_ROWS forward. Only candidates that agree are used.
         """
         tokens = [(7919 * i + 11) % self.shape.vocab for i in range(3)]  # any tokens: kernels, not data
         start = len(self.cache)
 
         def outputs(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-            hidden = self._forward(tokens, rows)  # writes scratch keys past the cache's length only
-            logits = F.linear(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps), self.w.lm_head)
-            return hidden[: len(tokens)], logits[: len(tokens)]
+            held = tokens[:rows]
+            hidden = self._forward(held, rows)  # writes scratch keys past the cache's length only
+            logits = self.lm_head(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps))
+            return hidden[: len(held)], logits[: len(held)]
 
         reference = outputs(DECODE_ROWS)
-        agree = [
-            rows
-            for rows in DECODE_BUCKET_CANDIDATES[:-1]
-            if all(torch.equal(a, b) for a, b in zip(outputs(rows), reference, strict=True))
-        ]
+        agree = []
+        for rows in DECODE_BUCKET_CANDIDATES[:-1]:
+            candidate = outputs(rows)
+            if all(torch.equal(a, b[: len(a)]) for a, b in zip(candidate, reference, strict=True)):
+                agree.append(rows)
         self.forwards = 0
         assert len(self.cache) == start
         return (*agree, DECODE_ROWS)
@@ -368,7 +429,7 @@ class DecoderRunner:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.exact and hidden.shape[0] not in self.decode_buckets:  # a prefill forward's: per block
             return torch.cat([self._logits(part) for part in hidden.split(DECODE_ROWS)])
-        return F.linear(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps), self.w.lm_head)
+        return self.lm_head(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps))
 
     def _forward(self, tokens: list[int], rows: int, tree: TreePlan | None = None) -> torch.Tensor:
         """Hidden states [rows, hidden] of `tokens` placed after the cache (a chain, or a tree's nodes)."""
@@ -392,9 +453,9 @@ class DecoderRunner:
                 (chain, self._attention_calls([(i, start + tree.depths[i] + 1) for i in owned], rows))
                 for chain, owned in tree.paths
             ]
-        for index, layer in enumerate(self.w.layers):
+        for index, (layer, linear) in enumerate(zip(self.w.layers, self.linears, strict=True)):
             h = rms_norm(x, layer.input_norm, s.rms_eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = linear.qkv(h)
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
             q = q.view(rows, s.n_heads, s.head_dim)
             k = k.view(rows, s.n_kv_heads, s.head_dim)
@@ -415,10 +476,10 @@ class DecoderRunner:
                     self._bucketed_attention(index, q, calls, attn)
                 else:
                     attn = self._sdpa_attention(index, q, start, n)
-            x = x + F.linear(attn, layer.out)  # [rows, n_heads * head_dim] -> [rows, hidden]
+            x = x + linear.out(attn)  # [rows, n_heads * head_dim] -> [rows, hidden]
             h = rms_norm(x, layer.post_norm, s.rms_eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = linear.gate_up(h).chunk(2, dim=-1)
+            x = x + linear.down(F.silu(gate) * up)
         self.forwards += 1
         return x
 

@@ -69,3 +69,8 @@ def tiny_near_draft(tiny_tokenizer) -> LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_target_fp32(tiny_tokenizer) -> LoadedModel:
     return tiny_loaded(tiny_tokenizer, seed=1, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_near_draft_fp32(tiny_tokenizer) -> LoadedModel:
+    return tiny_loaded(tiny_tokenizer, seed=1, noise=0.03, dtype=torch.float32)

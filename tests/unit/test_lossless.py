@@ -44,12 +44,23 @@ def plain(engine: CompletionEngine, prompt: list[int], max_new: int) -> list[int
     return engine.complete(Request(context=prompt, max_new_tokens=max_new, draft="none")).tokens
 
 
+@pytest.fixture(params=["bf16", "fp32"])
+def models(request) -> tuple[LoadedModel, LoadedModel]:
+    """(target, a near draft) in bf16 (torch's kernels) and in float32 (row_invariant's kernel on AVX2)."""
+    suffix = "" if request.param == "bf16" else "_fp32"
+    return (
+        request.getfixturevalue("tiny_target" + suffix),
+        request.getfixturevalue("tiny_near_draft" + suffix),
+    )
+
+
 @pytest.mark.parametrize("k", [1, 4, 15])
 @pytest.mark.parametrize("method", ["ngram", "ngram-chain", "model", "hybrid"])
-def test_speculative_greedy_equals_plain(tiny_target, tiny_near_draft, method, k):
-    engine = engine_for(tiny_target, tiny_near_draft, k=k)
+def test_speculative_greedy_equals_plain(models, method, k):
+    target, draft = models
+    engine = engine_for(target, draft, k=k)
     accepted_any = rejected_any = False
-    for i, prompt in enumerate(random_prompts(tiny_target.vocab_size, PROMPTS, seed=k)):
+    for i, prompt in enumerate(random_prompts(target.vocab_size, PROMPTS, seed=k)):
         expected = plain(engine, prompt, 40)
         engine.corpus.set_document("doc", prompt[-4:] + corrupted(expected, every=4 + i % 5))
         generation = engine.complete(Request(context=prompt, max_new_tokens=40, draft=method))
@@ -165,54 +176,56 @@ def long_prompts(vocab: int, count: int, seed: int) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("method", ["ngram", "model", "hybrid"])
-def test_long_contexts_through_the_prefill_bucket_equal_plain(tiny_target, tiny_near_draft, method):
-    engine = engine_for(tiny_target, tiny_near_draft, k=10)
-    for prompt in long_prompts(tiny_target.vocab_size, 6, seed=31):
+def test_long_contexts_through_the_prefill_bucket_equal_plain(models, method):
+    target, draft = models
+    engine = engine_for(target, draft, k=10)
+    for prompt in long_prompts(target.vocab_size, 6, seed=31):
         expected = plain(engine, prompt, 30)
         generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft=method))
         assert generation.tokens == expected, f"{method} diverged on a {len(prompt)}-token prompt"
 
 
-def test_typing_session_warm_requests_equal_a_cold_engine(tiny_target):
+def test_typing_session_warm_requests_equal_a_cold_engine(models):
     """Edits at the end, accepted completions and block crossings: each warm answer equals a cold one."""
-    warm = engine_for(tiny_target, k=8)
+    target, _ = models
+    warm = engine_for(target, k=8)
     rng = random.Random(41)
-    context = long_prompts(tiny_target.vocab_size, 1, seed=41)[0][:200]
+    context = long_prompts(target.vocab_size, 1, seed=41)[0][:200]
     reused = 0
     for step in range(12):
         generation = warm.complete(Request(context=context, max_new_tokens=12, draft="ngram"))
-        cold = engine_for(tiny_target, k=8).complete(
-            Request(context=context, max_new_tokens=12, draft="none")
-        )
+        cold = engine_for(target, k=8).complete(Request(context=context, max_new_tokens=12, draft="none"))
         assert generation.tokens == cold.tokens, f"step {step}: warm diverged from a cold run"
         reused += len(context) - generation.stats.prefill_tokens
         action = step % 3
         if action == 0:  # accept the completion: it becomes context
             context = context + generation.tokens
         elif action == 1:  # type a token
-            context = context + [rng.randrange(2, tiny_target.vocab_size)]
+            context = context + [rng.randrange(2, target.vocab_size)]
         else:  # delete back a few tokens and type something else
-            context = context[:-3] + [rng.randrange(2, tiny_target.vocab_size)]
+            context = context[:-3] + [rng.randrange(2, target.vocab_size)]
     assert reused > 0, "the KV prefix should be reused across the session"
 
 
-def test_warm_up_then_request_equals_a_cold_request(tiny_target, tiny_near_draft):
-    for i, prompt in enumerate(long_prompts(tiny_target.vocab_size, 4, seed=51)):
+def test_warm_up_then_request_equals_a_cold_request(models):
+    target, draft = models
+    for i, prompt in enumerate(long_prompts(target.vocab_size, 4, seed=51)):
         method = ("ngram", "hybrid")[i % 2]
-        cold = engine_for(tiny_target, tiny_near_draft, k=8)
+        cold = engine_for(target, draft, k=8)
         expected = cold.complete(Request(context=prompt, max_new_tokens=20, draft=method)).tokens
-        warm = engine_for(tiny_target, tiny_near_draft, k=8)
+        warm = engine_for(target, draft, k=8)
         assert warm.warm(prompt) == len(prompt)
         generation = warm.complete(Request(context=prompt, max_new_tokens=20, draft=method))
         assert generation.tokens == expected
         assert generation.stats.prefill_tokens == 0  # the warm-up left nothing to compute
 
 
-def test_token_trees_from_disagreeing_documents_equal_plain(tiny_target):
+def test_token_trees_from_disagreeing_documents_equal_plain(models):
     """Open documents that continue the tail differently: the n-gram drafter verifies trees."""
-    engine = engine_for(tiny_target, k=12)
+    target, _ = models
+    engine = engine_for(target, k=12)
     trees = accepted = 0
-    for i, prompt in enumerate(random_prompts(tiny_target.vocab_size, PROMPTS, seed=61)):
+    for i, prompt in enumerate(random_prompts(target.vocab_size, PROMPTS, seed=61)):
         expected = plain(engine, prompt, 30)
         for doc in range(4):  # the right continuation, corrupted differently in each document
             engine.corpus.set_document(f"doc{doc}", prompt[-5:] + corrupted(expected, every=2 + doc + i % 3))
@@ -239,9 +252,10 @@ def test_eos_inside_a_tree_branch(tiny_tokenizer):
     assert generation.tokens == expected[:6] and generation.stats.stop_reason == "eos"
 
 
-def test_an_all_rejected_tree_still_equals_plain(tiny_target):
-    engine = engine_for(tiny_target, k=12)
-    for prompt in random_prompts(tiny_target.vocab_size, 4, seed=81):
+def test_an_all_rejected_tree_still_equals_plain(models):
+    target, _ = models
+    engine = engine_for(target, k=12)
+    for prompt in random_prompts(target.vocab_size, 4, seed=81):
         expected = plain(engine, prompt, 15)
         for doc in range(3):  # continuations that never agree with the target
             engine.corpus.set_document(f"doc{doc}", prompt[-5:] + [(t + 7 + doc) % 500 for t in expected])

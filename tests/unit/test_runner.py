@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import pytest
 import torch
 
+from completion_engine.models import LoadedModel
 from completion_engine.runner import (
     DECODE_ROWS,
     PREFILL_ROWS,
@@ -23,6 +25,34 @@ def tokens(count: int, vocab: int, seed: int = 0) -> list[int]:
     return [rng.randrange(vocab) for _ in range(count)]
 
 
+# Each exactness test runs on every way the runner multiplies: torch's kernels in bf16 and in float32
+# (MKL on a CPU, with probed row buckets), and row_invariant's float32 kernel (no padding at all).
+PRECISIONS = {
+    "bf16": ("tiny_target", {}),
+    "fp32-row-invariant": ("tiny_target_fp32", {"row_invariant_kernel": True}),
+    "fp32-torch": ("tiny_target_fp32", {"row_invariant_kernel": False}),
+}
+
+
+@dataclass
+class RunnerFactory:
+    model: LoadedModel
+    options: dict
+
+    @property
+    def vocab(self) -> int:
+        return self.model.vocab_size
+
+    def __call__(self, capacity: int = 1024, **extra) -> DecoderRunner:
+        return DecoderRunner(self.model.weights, exact=True, capacity=capacity, **self.options, **extra)
+
+
+@pytest.fixture(params=list(PRECISIONS))
+def make_runner(request) -> RunnerFactory:
+    fixture, options = PRECISIONS[request.param]
+    return RunnerFactory(request.getfixturevalue(fixture), options)
+
+
 @pytest.mark.parametrize("exact", [True, False])
 def test_logits_match_transformers_in_fp32(exact):
     model = build_model(vocab_size=300, seed=0)
@@ -37,9 +67,9 @@ def test_logits_match_transformers_in_fp32(exact):
 
 
 @pytest.mark.parametrize("prefix_len", [5, 100, 120, 250])  # 120 + 16 crosses the 128-key bucket boundary
-def test_bf16_verify_block_equals_decode_steps_bit_for_bit(tiny_target, prefix_len):
-    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
-    ids = tokens(prefix_len + 16, tiny_target.vocab_size, seed=prefix_len)
+def test_verify_block_equals_decode_steps_bit_for_bit(make_runner, prefix_len):
+    runner = make_runner()
+    ids = tokens(prefix_len + 16, make_runner.vocab, seed=prefix_len)
     runner.extend(ids[:prefix_len])
     block = runner.extend(ids[prefix_len:], all_logits=True)  # one forward of 16 rows
     runner.truncate(prefix_len)
@@ -47,16 +77,14 @@ def test_bf16_verify_block_equals_decode_steps_bit_for_bit(tiny_target, prefix_l
     assert torch.equal(block, steps)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_target", "tiny_target_fp32"])
-def test_probed_decode_buckets_give_the_bits_of_full_decode_forwards(request, fixture):
+def test_probed_decode_buckets_give_the_bits_of_full_decode_forwards(make_runner):
     """Whatever smaller decode forwards the probe admits on this machine, each row keeps its bits:
     steps of 1 token, blocks of 3, 5 and 11 (4-, 8- and 16-row forwards where admitted) against a
     runner that only ever runs DECODE_ROWS-row forwards."""
-    model = request.getfixturevalue(fixture)
-    probed = DecoderRunner(model.weights, exact=True, capacity=1024)
-    full = DecoderRunner(model.weights, exact=True, capacity=1024, decode_buckets=(DECODE_ROWS,))
+    probed = make_runner()
+    full = make_runner(decode_buckets=(DECODE_ROWS,))
     assert probed.decode_buckets[-1] == DECODE_ROWS and full.decode_buckets == (DECODE_ROWS,)
-    ids = tokens(150, model.vocab_size, seed=7)
+    ids = tokens(150, make_runner.vocab, seed=7)
     for runner in (probed, full):
         runner.prefill(ids[:120])
     for size in (1, 3, 5, 11, 1):
@@ -72,25 +100,25 @@ def test_decode_buckets_must_include_the_full_decode_forward(tiny_target):
         DecoderRunner(tiny_target.weights, exact=True, capacity=256, decode_buckets=(4, 8))
 
 
-def test_prefill_chunking_does_not_change_bits(tiny_target):
-    ids = tokens(300, tiny_target.vocab_size, seed=1)
-    whole = DecoderRunner(tiny_target.weights, exact=True, capacity=1024).extend(ids)
-    pieces = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+def test_prefill_chunking_does_not_change_bits(make_runner):
+    ids = tokens(300, make_runner.vocab, seed=1)
+    whole = make_runner().extend(ids)
+    pieces = make_runner()
     for start in range(0, 300, 37):
         last = pieces.extend(ids[start : start + 37])
     assert torch.equal(whole, last)
 
 
-def test_kv_rollback_gives_the_logits_of_a_fresh_prefill(tiny_target):
-    ids = tokens(80, tiny_target.vocab_size, seed=2)
-    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+def test_kv_rollback_gives_the_logits_of_a_fresh_prefill(make_runner):
+    ids = tokens(80, make_runner.vocab, seed=2)
+    runner = make_runner()
     runner.extend(ids[:50])
-    runner.extend(tokens(12, tiny_target.vocab_size, seed=3), all_logits=True)  # a draft that gets rejected
+    runner.extend(tokens(12, make_runner.vocab, seed=3), all_logits=True)  # a draft that gets rejected
     runner.truncate(50)
-    runner.extend(tokens(7, tiny_target.vocab_size, seed=4))  # and another
+    runner.extend(tokens(7, make_runner.vocab, seed=4))  # and another
     runner.truncate(50)
     after_rollback = runner.extend(ids[50:], all_logits=True)
-    fresh = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    fresh = make_runner()
     fresh.extend(ids[:50])
     assert torch.equal(after_rollback, fresh.extend(ids[50:], all_logits=True))
     assert runner.token_ids == ids
@@ -105,15 +133,15 @@ def test_capacity_is_enforced(tiny_target):
 # -- the prefill bucket: context blocks in PREFILL_ROWS forwards, the tail and generation in DECODE_ROWS
 
 
-def test_cold_prefill_schedule_and_last_logits(tiny_target):
-    ids = tokens(300, tiny_target.vocab_size, seed=5)
-    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+def test_cold_prefill_schedule_and_last_logits(make_runner):
+    ids = tokens(300, make_runner.vocab, seed=5)
+    runner = make_runner()
     logits, computed = runner.prefill(ids)
     assert computed == 300
     boundary = prefill_boundary(300)
     assert runner.cache.row_buckets == [PREFILL_ROWS] * boundary + [DECODE_ROWS] * (300 - boundary)
     # the same positions computed by decode forwards only give other bits, but the same shape of answer
-    assert logits.shape == (1, tiny_target.vocab_size)
+    assert logits.shape == (1, make_runner.vocab)
 
 
 @pytest.mark.parametrize(
@@ -127,8 +155,8 @@ def test_cold_prefill_schedule_and_last_logits(tiny_target):
         "shrink",
     ],
 )
-def test_warm_prefill_gives_the_bits_of_a_cold_one(tiny_target, edit):
-    vocab = tiny_target.vocab_size
+def test_warm_prefill_gives_the_bits_of_a_cold_one(make_runner, edit):
+    vocab = make_runner.vocab
     first = tokens(250, vocab, seed=6)
     generated = tokens(40, vocab, seed=7)
     second = {
@@ -139,12 +167,12 @@ def test_warm_prefill_gives_the_bits_of_a_cold_one(tiny_target, edit):
         "accept generated tokens into the context": first + generated,
         "shrink": first[:140],
     }[edit]
-    warm = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    warm = make_runner()
     warm.prefill(first)
     warm.extend(generated[:1])
     warm.extend(generated[1:12], all_logits=True)  # a verify block
     warm_logits, computed = warm.prefill(second)
-    cold = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    cold = make_runner()
     cold_logits, _ = cold.prefill(second)
     assert torch.equal(warm_logits, cold_logits)
     assert warm.cache.row_buckets == cold.cache.row_buckets
@@ -153,9 +181,9 @@ def test_warm_prefill_gives_the_bits_of_a_cold_one(tiny_target, edit):
     assert torch.equal(warm.extend(follow, all_logits=True), cold.extend(follow, all_logits=True))
 
 
-def test_typing_at_the_end_recomputes_only_the_tail(tiny_target):
-    ids = tokens(700, tiny_target.vocab_size, seed=10)
-    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+def test_typing_at_the_end_recomputes_only_the_tail(make_runner):
+    ids = tokens(700, make_runner.vocab, seed=10)
+    runner = make_runner()
     runner.prefill(ids[:650])
     forwards = runner.forwards
     _, computed = runner.prefill(ids[:651])
@@ -176,11 +204,11 @@ def test_reusable_prefix_needs_the_bucket_a_cold_run_uses():
     assert reusable_prefix([1, 2], [D, D], [9]) == 0
 
 
-def test_decode_forward_attention_does_not_depend_on_the_other_rows(tiny_target):
+def test_decode_forward_attention_does_not_depend_on_the_other_rows(make_runner):
     # rows 0..14 of a verify block sit in calls with different neighbours than in 1-token steps
-    prefix = tokens(125, tiny_target.vocab_size, seed=11)  # the block crosses a key bucket at 128
-    block = tokens(15, tiny_target.vocab_size, seed=12)
-    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    prefix = tokens(125, make_runner.vocab, seed=11)  # the block crosses a key bucket at 128
+    block = tokens(15, make_runner.vocab, seed=12)
+    runner = make_runner()
     runner.prefill(prefix)
     together = runner.extend(block, all_logits=True)
     runner.truncate(len(prefix))
@@ -188,23 +216,23 @@ def test_decode_forward_attention_does_not_depend_on_the_other_rows(tiny_target)
     assert torch.equal(together, pairs)
 
 
-def test_a_cancelled_prefill_keeps_what_it_did_and_a_repeat_costs_nothing(tiny_target):
+def test_a_cancelled_prefill_keeps_what_it_did_and_a_repeat_costs_nothing(make_runner):
     import threading
 
-    ids = tokens(600, tiny_target.vocab_size, seed=13)
+    ids = tokens(600, make_runner.vocab, seed=13)
     cancel = threading.Event()
     cancel.set()
-    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    runner = make_runner()
     logits, computed = runner.prefill(ids, cancel)
     assert logits is None and computed == 0 and len(runner) == 0
-    partial = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    partial = make_runner()
     partial.prefill(ids[:300])  # as if a warm-up had been cut short after 300 positions
-    cold_logits, _ = DecoderRunner(tiny_target.weights, exact=True, capacity=1024).prefill(ids)
+    cold_logits, _ = make_runner().prefill(ids)
     warm_logits, computed = partial.prefill(ids)
     assert torch.equal(warm_logits, cold_logits) and computed == 600 - 256  # the tail block is redone
     again, computed = partial.prefill(ids)
     assert computed == 0 and torch.equal(again, cold_logits)
-    partial.extend(tokens(5, tiny_target.vocab_size, seed=14), all_logits=True)  # generate, then re-ask
+    partial.extend(tokens(5, make_runner.vocab, seed=14), all_logits=True)  # generate, then re-ask
     again, computed = partial.prefill(ids)
     assert computed == 0 and torch.equal(again, cold_logits)
 
@@ -234,11 +262,11 @@ def path_to(node: int, parents: list[int]) -> list[int]:
 
 @pytest.mark.parametrize("prefix_len", [3, 120, 250])  # 120 + depth crosses a key bucket
 @pytest.mark.parametrize("nodes", [1, 5, 16])
-def test_every_tree_node_has_the_logits_of_decoding_its_path(tiny_target, prefix_len, nodes):
+def test_every_tree_node_has_the_logits_of_decoding_its_path(make_runner, prefix_len, nodes):
     rng = random.Random(prefix_len * 100 + nodes)
-    vocab = tiny_target.vocab_size
+    vocab = make_runner.vocab
     prefix = tokens(prefix_len, vocab, seed=prefix_len)
-    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    runner = make_runner()
     runner.prefill(prefix)
     for shape in range(3):
         tree_tokens, parents = random_tree(rng, nodes, vocab)
@@ -251,21 +279,21 @@ def test_every_tree_node_has_the_logits_of_decoding_its_path(tiny_target, prefix
             assert torch.equal(tree_logits[node], chain[-1]), f"tree {shape}, node {node} differs"
 
 
-def test_accepting_a_path_leaves_the_cache_of_plain_decoding(tiny_target):
+def test_accepting_a_path_leaves_the_cache_of_plain_decoding(make_runner):
     rng = random.Random(7)
-    vocab = tiny_target.vocab_size
+    vocab = make_runner.vocab
     prefix = tokens(200, vocab, seed=15)
     tree_tokens, parents = random_tree(rng, 14, vocab)
     leaf = max(range(14), key=lambda n: len(path_to(n, parents)))
     path = path_to(leaf, parents)
     after = tokens(6, vocab, seed=16)
 
-    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    runner = make_runner()
     runner.prefill(prefix)
     runner.verify_tree(tree_tokens, parents)
     runner.accept_path(path)
     assert runner.token_ids == prefix + [tree_tokens[i] for i in path]
-    plain = DecoderRunner(tiny_target.weights, exact=True, capacity=1024)
+    plain = make_runner()
     plain.prefill(prefix)
     for i in path:
         plain.extend([tree_tokens[i]])

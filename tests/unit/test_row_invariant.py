@@ -1,0 +1,82 @@
+"""The row-invariant float32 kernel: F.linear's values, and a row's bits whatever rows share the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from completion_engine import row_invariant
+from completion_engine.runner import DecoderRunner
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_built():
+    # CI and the README's machines have a C++ compiler and an AVX2 CPU: the kernel must build there
+    assert row_invariant.usable(torch.float32, CPU), "the row-invariant kernel did not build (see the log)"
+
+
+@pytest.mark.parametrize("out_features, in_features", [(96, 64), (37, 19), (5, 3), (576, 1536)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_values_are_those_of_f_linear(out_features, in_features, with_bias):
+    generator = torch.Generator().manual_seed(out_features)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator) if with_bias else None
+    x = torch.randn(20, in_features, generator=generator)
+    got = row_invariant.pack(weight, bias)(x)
+    assert got.shape == (20, out_features)
+    assert torch.allclose(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("out_features, in_features", [(96, 64), (37, 300), (3072, 576)])
+def test_a_row_has_the_same_bits_at_every_row_count_place_and_thread_count(out_features, in_features):
+    generator = torch.Generator().manual_seed(in_features)
+    linear = row_invariant.pack(
+        torch.randn(out_features, in_features, generator=generator),
+        torch.randn(out_features, generator=generator),
+    )
+    x = torch.randn(130, in_features, generator=generator)
+    reference = torch.cat([linear(row[None]) for row in x])  # one row per call
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in (2, 3, 4, 7, 16, 128, 130):
+                for first in (0, 1, 2):
+                    block = x[first : first + rows]
+                    assert torch.equal(linear(block), reference[first : first + len(block)]), (rows, first)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_non_contiguous_input_gives_the_same_bits():
+    generator = torch.Generator().manual_seed(3)
+    linear = row_invariant.pack(torch.randn(48, 40, generator=generator))
+    wide = torch.randn(6, 80, generator=generator)
+    assert torch.equal(linear(wide[:, ::2]), linear(wide[:, ::2].contiguous()))
+
+
+def test_wrong_dtype_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="float32"):
+        row_invariant.pack(torch.randn(8, 8, dtype=torch.bfloat16))
+    linear = row_invariant.pack(torch.randn(8, 8))
+    with pytest.raises(RuntimeError, match="float32"):
+        linear(torch.randn(2, 8, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="do not fit"):
+        linear(torch.randn(2, 9))
+
+
+def test_float32_runners_use_it_and_decode_one_row_at_a_time(tiny_target_fp32, tiny_target):
+    """The point of the kernel: a float32 decode step runs 1 row, not a padded bucket."""
+    runner = DecoderRunner(tiny_target_fp32.weights, exact=True, capacity=256)
+    assert runner.row_invariant_kernel and runner.decode_buckets[0] == 1
+    assert not DecoderRunner(tiny_target.weights, exact=True, capacity=256).row_invariant_kernel  # bf16
+    again = DecoderRunner(tiny_target_fp32.weights, exact=True, capacity=256)
+    assert again.linears is runner.linears  # packed once per set of weights
+
+
+def test_it_can_be_turned_off(monkeypatch, tiny_target_fp32):
+    monkeypatch.setenv("SPEC_COMPLETE_ROW_KERNEL", "0")
+    assert not DecoderRunner(tiny_target_fp32.weights, exact=True, capacity=256).row_invariant_kernel
