@@ -24,8 +24,9 @@ constexpr int64_t kBlockRows = 3;            // rows per micro-kernel call: 3 x 
 
 // Continue the chains of rows [0, R) x the panel's 32 columns over k in [k0, k1).
 // acc holds the chains so far ([R][32]); it is ignored and the chains start at zero when first.
+// Always inlined: out of line, GCC 12 kept the accumulators on the stack (2.7x slower at 128 rows).
 template <int R>
-inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k1, float* acc,
+__attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k1, float* acc,
                   bool first) {
   __m256 sum[R][kVectors];
   for (int r = 0; r < R; ++r)
