@@ -6,6 +6,11 @@ tokens keeps that prefix (`common_prefix_len`) and computes only what follows it
 
 Each position also records the row bucket of the forward that computed it (`row_buckets`): in exact
 mode a position's bits depend on that bucket, so reuse must know it (see runner.reusable_prefix).
+
+With `panels`, keys and values are kept in the layout row_invariant's kernel multiplies, so that
+attention scores (q @ keys.T) and outputs (probs @ values) run on it: keys in panels of PANEL
+positions, [layer, kv_head, capacity / PANEL, head_dim, PANEL]; values in panels of PANEL dims,
+[layer, kv_head, ceil(head_dim / PANEL), capacity, PANEL] (zero past head_dim).
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 KEY_BUCKET = 128  # attention keys are padded to a multiple of this (see runner.py)
+PANEL = 32  # positions (keys) or dims (values) per panel in the panel layout: row_invariant.PANEL
+assert KEY_BUCKET % PANEL == 0
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -45,11 +53,17 @@ class KVCache:
         capacity: int,
         dtype: torch.dtype,
         device: torch.device,
+        panels: bool = False,
     ) -> None:
         self.capacity = round_up(capacity, KEY_BUCKET)
-        shape = (n_layers, n_kv_heads, self.capacity, head_dim)  # [layer, kv_head, position, head_dim]
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.panels = panels
+        if panels:
+            key_shape = (n_layers, n_kv_heads, self.capacity // PANEL, head_dim, PANEL)
+            value_shape = (n_layers, n_kv_heads, -(-head_dim // PANEL), self.capacity, PANEL)
+        else:  # [layer, kv_head, position, head_dim]
+            key_shape = value_shape = (n_layers, n_kv_heads, self.capacity, head_dim)
+        self.keys = torch.zeros(key_shape, dtype=dtype, device=device)
+        self.values = torch.zeros(value_shape, dtype=dtype, device=device)
         self.token_ids: list[int] = []  # token at each cached position; len() is the cache length
         self.row_buckets: list[int] = []  # rows of the forward that computed each position (0: fast mode)
 
@@ -61,8 +75,20 @@ class KVCache:
         n = k.shape[1]
         if start + n > self.capacity:
             raise ValueError(f"KV cache full: {start + n} positions needed, capacity {self.capacity}")
-        self.keys[layer, :, start : start + n] = k
-        self.values[layer, :, start : start + n] = v
+        if not self.panels:
+            self.keys[layer, :, start : start + n] = k
+            self.values[layer, :, start : start + n] = v
+            return
+        position = start
+        while position < start + n:  # keys: each panel's slice of positions, transposed
+            panel, column = divmod(position, PANEL)
+            end = min(start + n, (panel + 1) * PANEL)
+            part = k[:, position - start : end - start]  # [kv_head, positions, head_dim]
+            self.keys[layer, :, panel, :, column : column + end - position] = part.transpose(1, 2)
+            position = end
+        kv_heads, _, head_dim = v.shape
+        padded = F.pad(v, (0, self.values.shape[2] * PANEL - head_dim))  # values: dims in panels
+        self.values[layer, :, :, start : start + n] = padded.view(kv_heads, n, -1, PANEL).transpose(1, 2)
 
     def append_tokens(self, tokens: Sequence[int], row_bucket: int) -> None:
         self.token_ids.extend(tokens)

@@ -107,6 +107,18 @@ def usable(dtype: torch.dtype, device: torch.device) -> bool:
     return dtype == torch.float32 and device.type == "cpu" and enabled() and kernel() is not None
 
 
+PANEL = 32  # output columns per panel (kPanel in the kernel)
+
+
+def linear(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
+    """x [rows, K] @ weight.T (+ bias): weight given as panels [>= out_features / PANEL, K, PANEL].
+
+    The panels may be a slice of a longer buffer (a panel's K x PANEL floats contiguous, panels at any
+    stride): the KV cache keeps its keys and values this way so that attention runs on the kernel.
+    """
+    return kernel().linear(x, panels, out_features, bias)
+
+
 @dataclass(frozen=True, slots=True)
 class PackedLinear:
     """A Linear's weight packed for the kernel: call it as F.linear(x, weight, bias)."""
@@ -116,7 +128,7 @@ class PackedLinear:
     bias: torch.Tensor | None  # [out_features]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return kernel().linear(x, self.panels, self.out_features, self.bias)
+        return linear(x, self.panels, self.out_features, self.bias)
 
 
 def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from completion_engine import row_invariant
-from completion_engine.kv import KEY_BUCKET, KVCache, common_prefix_len
+from completion_engine.kv import KEY_BUCKET, PANEL, KVCache, common_prefix_len
 
 DECODE_ROWS = 16  # rows of a decode / verify forward: a verify block holds at most this many tokens
 # smaller decode forwards, used where they give every row the bits of a DECODE_ROWS forward (probed)
@@ -216,8 +216,20 @@ class DecoderRunner:
         self.device = weights.embed.device
         s = self.shape
         capacity = min(capacity, s.max_positions) if s.max_positions > 0 else capacity
+        # float32 on an AVX2 CPU: row_invariant's kernel, whose rows never depend on the row count,
+        # for the Linears and (exact mode, keys and values kept in its panel layout) for attention
+        if row_invariant_kernel is None:
+            row_invariant_kernel = row_invariant.usable(self.dtype, self.device)
+        self.row_invariant_kernel = row_invariant_kernel
+        self.linears, self.lm_head = decoder_linears(weights, row_invariant_kernel)
         self.cache = KVCache(
-            s.n_layers, s.n_kv_heads, s.head_dim, capacity + DECODE_ROWS, self.dtype, self.device
+            s.n_layers,
+            s.n_kv_heads,
+            s.head_dim,
+            capacity + DECODE_ROWS,
+            self.dtype,
+            self.device,
+            panels=exact and row_invariant_kernel,
         )
         positions = torch.arange(self.cache.capacity, dtype=torch.float32, device=self.device)
         freqs = torch.outer(positions, weights.inv_freq.to(self.device))
@@ -237,11 +249,6 @@ class DecoderRunner:
             if keep_features
             else None
         )
-        # float32 on an AVX2 CPU: row_invariant's kernel, whose rows never depend on the row count
-        if row_invariant_kernel is None:
-            row_invariant_kernel = row_invariant.usable(self.dtype, self.device)
-        self.row_invariant_kernel = row_invariant_kernel
-        self.linears, self.lm_head = decoder_linears(weights, row_invariant_kernel)
         # row counts of decode forwards, smallest first: (DECODE_ROWS,) unless smaller forwards give
         # the same bits (None: probe this machine's kernels with these weights)
         self.decode_buckets = decode_buckets or (self._probe_decode_buckets() if exact else (DECODE_ROWS,))
@@ -505,7 +512,9 @@ class DecoderRunner:
         rows whose L pads to the same key bucket go together, in calls of `call_rows` rows (padding
         rows repeat the call's first row and are dropped).
         """
-        call_rows = KEY_BUCKET if rows == PREFILL_ROWS else DECODE_ATTENTION_ROWS
+        # on the kernel a row's attention does not depend on the rows beside it: no padding rows
+        padding = not self.cache.panels
+        call_rows = KEY_BUCKET if rows == PREFILL_ROWS or not padding else DECODE_ATTENTION_ROWS
         calls = []
         first = 0
         while first < len(entries):
@@ -514,10 +523,13 @@ class DecoderRunner:
             while last < len(entries) and last - first < call_rows and entries[last][1] <= padded:
                 last += 1
             here = entries[first:last]
-            lengths = [length for _, length in here] + [here[0][1]] * (call_rows - len(here))
+            padding_rows = call_rows - len(here) if padding else 0
+            lengths = [length for _, length in here] + [here[0][1]] * padding_rows
             row_lengths = torch.tensor(lengths, device=self.device)
             hidden_keys = torch.arange(padded, device=self.device)[None, :] >= row_lengths[:, None]
-            mask = torch.zeros(call_rows, padded, device=self.device).masked_fill_(hidden_keys, float("-inf"))
+            mask = torch.zeros(len(lengths), padded, device=self.device).masked_fill_(
+                hidden_keys, float("-inf")
+            )
             row_ids = [row for row, _ in here]
             contiguous = row_ids == list(range(row_ids[0], row_ids[0] + len(row_ids)))
             index = None if contiguous else torch.tensor(row_ids, device=self.device)
@@ -546,13 +558,11 @@ class DecoderRunner:
             # copy them first (measured: 4x slower for a 128-row prefill call).
             heads = []
             for head in range(s.n_kv_heads):
-                keys = self.cache.keys[layer, head, : call.padded]  # [padded, head_dim]
-                values = self.cache.values[layer, head, : call.padded]
-                scores = torch.mm(q_grouped[head], keys.t()).float().mul_(scale)  # [group * rows, padded]
+                scores = self._scores(layer, head, q_grouped[head], call.padded).mul_(scale)
                 # masked keys get -inf: softmax gives them exact zeros
                 scores = scores.view(s.group, rows, call.padded).add_(call.mask)
                 probs = torch.softmax(scores, dim=-1).to(self.dtype).view(s.group * rows, call.padded)
-                heads.append(torch.mm(probs, values))  # [group * rows, head_dim]
+                heads.append(self._weighted_values(layer, head, probs))  # [group * rows, head_dim]
             call_out = torch.stack(heads)  # [kv_head, group * rows, head_dim]
             call_out = call_out.view(s.n_kv_heads, s.group, rows, s.head_dim)[:, :, : call.real]
             call_out = call_out.permute(2, 0, 1, 3).reshape(call.real, -1)
@@ -560,6 +570,19 @@ class DecoderRunner:
                 out[call.first : call.first + call.real] = call_out
             else:
                 out.index_copy_(0, call.index, call_out)
+
+    def _scores(self, layer: int, head: int, q: torch.Tensor, keys: int) -> torch.Tensor:
+        """q [rows, head_dim] . the first `keys` keys of a kv head: float32 [rows, keys]."""
+        if self.cache.panels:  # every score one fixed fma chain over head_dim
+            return row_invariant.linear(q, self.cache.keys[layer, head, : keys // PANEL], keys)
+        return torch.mm(q, self.cache.keys[layer, head, :keys].t()).float()
+
+    def _weighted_values(self, layer: int, head: int, probs: torch.Tensor) -> torch.Tensor:
+        """probs [rows, keys] @ the first `keys` values of a kv head: [rows, head_dim]."""
+        keys = probs.shape[1]
+        if self.cache.panels:  # every output one fixed fma chain over the keys, in order
+            return row_invariant.linear(probs, self.cache.values[layer, head, :, :keys], self.shape.head_dim)
+        return torch.mm(probs, self.cache.values[layer, head, :keys])
 
 
 @dataclass(frozen=True, slots=True)

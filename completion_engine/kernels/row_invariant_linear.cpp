@@ -62,17 +62,20 @@ torch::Tensor pack(const torch::Tensor& weight) {
   return out;
 }
 
-// x [M, K] float32, panels from pack(), n the weight's rows; bias [n] or None.
+// x [M, K] float32; panels [>= ceil(n / 32), K, 32] as pack() makes them, rows of a panel contiguous;
+// n the weight's rows; bias [n] or None.
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, int64_t n,
                      const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kFloat32, "linear: a 2-D float32 input");
-  TORCH_CHECK(panels.dim() == 3 && panels.size(1) == input.size(1) && panels.size(2) == kPanel,
+  TORCH_CHECK(panels.dim() == 3 && panels.size(1) == input.size(1) && panels.size(2) == kPanel &&
+                  panels.stride(2) == 1 && panels.stride(1) == kPanel && panels.size(0) * kPanel >= n,
               "linear: panels do not fit the input");
   TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == torch::kFloat32 && bias->is_contiguous() &&
                                     bias->numel() == n),
               "linear: the bias must be a contiguous float32 vector of the output size");
   const auto x = input.contiguous();
-  const int64_t m = x.size(0), k = x.size(1), count = panels.size(0);
+  // panels may sit apart (a slice of a longer cache): panel p starts p * stride floats in
+  const int64_t m = x.size(0), k = x.size(1), count = (n + kPanel - 1) / kPanel, stride = panels.stride(0);
   auto y = torch::empty({m, n}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* wp = panels.data_ptr<float>();
@@ -81,7 +84,7 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
   at::parallel_for(0, count, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> acc(((m + kBlockRows - 1) / kBlockRows) * kBlockRows * kPanel);
     for (int64_t p = p0; p < p1; ++p) {
-      const float* panel = wp + p * k * kPanel;
+      const float* panel = wp + p * stride;
       for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {
         const int64_t k1 = std::min(k, k0 + kBlockK);
         for (int64_t row = 0; row < m; row += kBlockRows) {

@@ -80,3 +80,26 @@ def test_float32_runners_use_it_and_decode_one_row_at_a_time(tiny_target_fp32, t
 def test_it_can_be_turned_off(monkeypatch, tiny_target_fp32):
     monkeypatch.setenv("SPEC_COMPLETE_ROW_KERNEL", "0")
     assert not DecoderRunner(tiny_target_fp32.weights, exact=True, capacity=256).row_invariant_kernel
+
+
+def test_the_kv_cache_panel_layout_holds_what_was_written():
+    from completion_engine.kv import PANEL, KVCache
+
+    generator = torch.Generator().manual_seed(5)
+    plain = KVCache(2, 3, 40, 256, torch.float32, CPU)  # head_dim 40: values pad to 2 panels of 32
+    panels = KVCache(2, 3, 40, 256, torch.float32, CPU, panels=True)
+    for start, count in ((0, 30), (30, 5), (35, 128), (163, 1)):  # across panel and bucket boundaries
+        k, v = torch.randn(2, 3, count, 40, generator=generator)
+        for cache in (plain, panels):
+            cache.write(1, start, k, v)
+    keys = panels.keys[1].permute(0, 1, 3, 2).reshape(3, -1, 40)  # [kv_head, position, head_dim]
+    values = panels.values[1].permute(0, 2, 1, 3).reshape(3, 256, -1)[:, :, :40]
+    assert torch.equal(keys[:, :164], plain.keys[1, :, :164])
+    assert torch.equal(values[:, :164], plain.values[1, :, :164])
+    assert panels.keys.shape == (2, 3, 256 // PANEL, 40, PANEL)
+
+
+def test_exact_float32_runners_attend_on_the_kernel(tiny_target_fp32):
+    runner = DecoderRunner(tiny_target_fp32.weights, exact=True, capacity=256)
+    fast = DecoderRunner(tiny_target_fp32.weights, exact=False, capacity=256)
+    assert runner.cache.panels and not fast.cache.panels  # fast mode attends with SDPA
