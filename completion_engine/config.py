@@ -16,6 +16,9 @@ class EngineConfig:
     dtype: str = "auto"
     exact: bool = True  # shape-bucketed forward: speculative output bit-identical to plain decoding
     max_draft: int = 10  # k: tokens drafted per step (at most DECODE_ROWS - 1 in exact mode)
+    # the cost of one more row in a verify forward, in 1-row steps: None times it when the engine
+    # loads; drafts are cut to the size that pays at that cost (draft_budget.py); 0 never cuts them
+    row_cost: float | None = None
     ngram_min: int = 2  # shortest n-gram that may produce a draft
     ngram_max: int = 8  # longest n-gram the matcher tries to extend to
     hybrid_min_match: int = 3  # hybrid: an n-gram match this long wins over the draft model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from completion_engine.config import EngineConfig
+from completion_engine.draft_budget import DraftBudget, measure_row_cost
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
 from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
@@ -21,6 +23,8 @@ from completion_engine.sampling import Sampler
 from completion_engine.threads import choose_threads
 from completion_engine.types import Chunk, Draft, Request, Stats
 from completion_engine.verify import greedy_accept, greedy_accept_tree, rejection_sample
+
+logger = logging.getLogger(__name__)
 
 StopCheck = Callable[[str], "int | None"]  # completion so far -> None (go on) or chars to keep (stop)
 
@@ -90,6 +94,12 @@ class CompletionEngine:
             target.weights, exact=config.exact, capacity=capacity, keep_features=eagle
         )
         self.threads = choose_threads(self._probe_step) if self.target_runner.device.type == "cpu" else 0
+        row_cost = config.row_cost
+        if row_cost is None:
+            row_cost = measure_row_cost(self._probe_forward, rows=min(DECODE_ROWS, config.max_draft + 1))
+            self.target_runner.truncate(0)
+            logger.info("verify forwards: one more row costs %.2f of a 1-row step", row_cost)
+        self.budget = DraftBudget(row_cost)
         self.corpus = DocumentCorpus(config.ngram_min)
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
         self._model_drafter: ModelDrafter | EagleDrafter | None = None
@@ -104,6 +114,15 @@ class CompletionEngine:
             self._model_drafter = ModelDrafter(
                 draft_runner, config.draft_min_prob, config.max_draft, draft.vocab_map, target.vocab_size
             )
+
+    def _probe_forward(self, rows: int) -> None:
+        """One decode forward of `rows` rows after a short context: what the draft budget is timed on."""
+        runner = self.target_runner
+        length = min(256, runner.capacity - DECODE_ROWS)
+        if len(runner) != length:
+            runner.prefill([0] * length)
+        runner.extend([0] * rows)
+        runner.truncate(length)
 
     def _probe_step(self) -> None:
         """A decode step after a short context: what the thread count is chosen for."""
@@ -209,6 +228,8 @@ class CompletionEngine:
                     break
                 k = min(self.config.max_draft, budget - len(progress.tokens) - 1)
                 draft = drafter.propose(context + progress.tokens, k, sampler) if drafter and k > 0 else None
+                if draft is not None:
+                    draft = self.budget.trim(draft)  # the size that pays at this machine's verify cost
                 drafted = draft.tokens if draft else []
                 source = draft.source if draft and drafted else "none"
                 tree = draft is not None and draft.parents is not None
@@ -236,6 +257,7 @@ class CompletionEngine:
                 self._record_step(stats, source, len(drafted), accepted)
                 if drafter is not None and drafted:
                     drafter.observe(len(drafted), accepted)
+                    self.budget.observe(draft, len(drafted), accepted)
                 chunk = self._accept(
                     request,
                     [*kept, pending],

@@ -37,6 +37,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         "--max-draft", type=int, default=defaults.max_draft, help="tokens drafted per verify step (<= 15)"
     )
     parser.add_argument(
+        "--row-cost",
+        type=float,
+        default=None,
+        help="cost of one more verify row in 1-row steps, which sizes drafts (default: timed when the "
+        "model loads; 0 never cuts drafts)",
+    )
+    parser.add_argument(
         "--max-context",
         type=int,
         default=defaults.max_context,
@@ -58,6 +65,7 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
         dtype=args.dtype,
         exact=not args.inexact,
         max_draft=args.max_draft,
+        row_cost=args.row_cost,
         max_context=args.max_context,
     )
     return replace(config, **overrides)

@@ -176,6 +176,7 @@ def run_meta(
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "max_draft": config.max_draft,
+        "row_cost": config.row_cost,
         "max_context": config.max_context,
         "peers": peers,
         "stopper": policy_description(),

@@ -30,6 +30,7 @@ RESULT_SETTINGS = (
     "max_new_tokens",
     "repeats",
     "max_draft",
+    "row_cost",
     "max_context",
     "seed",
     "root",

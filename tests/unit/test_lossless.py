@@ -32,10 +32,24 @@ def corrupted(tokens: list[int], every: int) -> list[int]:
     return [(t + 1) % 500 if i % every == every - 1 else t for i, t in enumerate(tokens)]
 
 
-def engine_for(target: LoadedModel, draft: LoadedModel | None = None, k: int = 8, exact: bool = True):
-    # kept_outputs=0: the plain run's output must not become a perfect draft for the run it is compared with
+def engine_for(
+    target: LoadedModel,
+    draft: LoadedModel | None = None,
+    k: int = 8,
+    exact: bool = True,
+    row_cost: float = 0.0,
+):
+    # kept_outputs=0: the plain run's output must not become a perfect draft for the run it is compared with;
+    # row_cost=0: drafts keep the size the drafter chose (test_budget_cut_drafts_equal_plain cuts them)
     config = EngineConfig(
-        target="test", max_draft=k, exact=exact, ngram_min=2, ngram_max=6, draft_min_prob=0.0, kept_outputs=0
+        target="test",
+        max_draft=k,
+        exact=exact,
+        ngram_min=2,
+        ngram_max=6,
+        draft_min_prob=0.0,
+        kept_outputs=0,
+        row_cost=row_cost,
     )
     return CompletionEngine(config, target, draft)
 
@@ -264,9 +278,28 @@ def test_an_all_rejected_tree_still_equals_plain(models):
 
 
 def test_an_earlier_output_drafts_the_same_completion_again(tiny_target):
-    engine = CompletionEngine(EngineConfig(target="test", max_draft=12, kept_outputs=4), tiny_target)
+    config = EngineConfig(target="test", max_draft=12, kept_outputs=4, row_cost=0.0)
+    engine = CompletionEngine(config, tiny_target)
     prompt = random_prompts(tiny_target.vocab_size, 1, seed=91)[0]
     first = engine.complete(Request(context=prompt, max_new_tokens=30, draft="ngram"))
     again = engine.complete(Request(context=prompt, max_new_tokens=30, draft="ngram"))
     assert again.tokens == first.tokens
     assert again.stats.accepted >= 20 and again.stats.target_forwards < first.stats.target_forwards
+
+
+@pytest.mark.parametrize("method", ["ngram", "ngram-chain", "hybrid"])
+def test_drafts_cut_by_the_budget_equal_plain(models, method):
+    """Where an extra verify row costs a lot, drafts are cut to the size that pays: same output."""
+    target, draft = models
+    engine = engine_for(target, draft, k=12, row_cost=0.5)
+    full = engine_for(target, draft, k=12)
+    cut_drafted = full_drafted = 0
+    for i, prompt in enumerate(random_prompts(target.vocab_size, PROMPTS, seed=101)):
+        expected = plain(engine, prompt, 30)
+        for each in (engine, full):
+            each.corpus.set_document("doc", prompt[-4:] + corrupted(expected, every=3 + i % 4))
+        generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft=method))
+        assert generation.tokens == expected, f"{method} with cut drafts diverged on prompt {i}"
+        cut_drafted += generation.stats.drafted
+        full_drafted += full.complete(Request(context=prompt, max_new_tokens=30, draft=method)).stats.drafted
+    assert cut_drafted < full_drafted, "the budget should have cut some drafts"

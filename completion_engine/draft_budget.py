@@ -1,0 +1,146 @@
+"""How many drafted tokens a verify step should carry: the count that maximises tokens per second.
+
+Why: a verify forward of n rows does not cost what a 1-row step costs everywhere. On an AMX CPU in
+bf16 a 16-row forward costs about a 1-row one, so drafting the whole block is free. In float32 on
+an AVX2 CPU, where a plain step runs 1 row on the row-invariant kernel, each extra row costs about
+a sixth of a step (`python -m eval.bench_forward`: 45 ms for a step, 118 ms for 11 rows at a 2k
+context), and 10-token n-gram drafts made decoding slower than plain (`spec-complete bench`:
+ngram 0.85x none, accepting 15% of what it drafted).
+
+Model: a forward of n rows costs c(n) = 1 + ratio * (n - 1) steps; `ratio` is timed once per engine
+(`measure_row_cost`). A draft's j-th token is accepted, given the ones before it were, with chance
+q_j, learned per kind of draft (its source and, for n-gram drafts, how long its match was) from the
+steps so far, forgetting old ones. A step that drafts k tokens then yields on average
+
+    E(k) = 1 + sum_{d=1..k} q_1 * ... * q_d        tokens, for c(k + 1) steps,
+
+and the budget keeps the k that maximises E(k) / c(k + 1). A kind whose drafts do not pay gets
+k = 0, but still drafts one token every EXPLORE-th step, so that a change is noticed. Trees keep
+their first k nodes (they come best first). Any k gives the same output: only the speed changes.
+
+Worked example, ratio 0.2, q = 0.5 at every depth: E(1) / c(2) = 1.5 / 1.2 = 1.25,
+E(2) / c(3) = 1.75 / 1.4 = 1.25, E(3) / c(4) = 1.875 / 1.6 = 1.17: k = 1 (the first best).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from completion_engine.types import Draft
+
+FORGET = 0.97  # weight left to past steps after each new one (about the last 30 steps count)
+PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejected) at each depth: q starts at 0.5
+EXPLORE = 8  # a kind with k = 0 still drafts one token every EXPLORE-th step
+MATCH_CLASSES = (3, 5, 8)  # n-gram match lengths below 3, 3-4, 5-7, 8 and more learn apart
+
+
+def draft_kind(draft: Draft) -> str:
+    """What the acceptance is learned for: "model", or "ngram" with its match-length class."""
+    if draft.source != "ngram":
+        return draft.source
+    bucket = sum(draft.match_len >= edge for edge in MATCH_CLASSES)
+    return f"ngram/{bucket}"
+
+
+def best_k(accept: list[float], ratio: float) -> int:
+    """The k (0 .. len(accept)) maximising E(k) / c(k + 1); accept[j] is q_{j+1}.
+
+    >>> best_k([0.5, 0.5, 0.5], ratio=0.2)
+    1
+    >>> best_k([0.9] * 10, ratio=0.2), best_k([0.9] * 10, ratio=0.0), best_k([0.1] * 4, ratio=0.2)
+    (7, 10, 0)
+    """
+    if ratio <= 0.0:
+        return len(accept)  # free rows: any chance of one more token is worth drafting it
+    best, best_rate = 0, 1.0
+    expected, survive = 1.0, 1.0
+    for k, q in enumerate(accept, start=1):
+        survive *= q
+        expected += survive
+        rate = expected / (1.0 + ratio * k)
+        if rate > best_rate + 1e-12:
+            best, best_rate = k, rate
+    return best
+
+
+@dataclass
+class Acceptance:
+    """Forgetting counts of accepted and rejected draft tokens at each depth, for one kind of draft."""
+
+    accepted: list[float] = field(default_factory=list)
+    rejected: list[float] = field(default_factory=list)
+
+    def chances(self, depth: int) -> list[float]:
+        """q_1 .. q_depth: the chance each depth is accepted after the ones before were."""
+        self._grow(depth)
+        return [
+            (PRIOR[0] + a) / (PRIOR[0] + PRIOR[1] + a + r)
+            for a, r in zip(self.accepted[:depth], self.rejected[:depth], strict=True)
+        ]
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A step drafted `drafted` tokens; the target kept the first `accepted` (a chain or a tree path)."""
+        self._grow(drafted)
+        for depth in range(len(self.accepted)):
+            self.accepted[depth] *= FORGET
+            self.rejected[depth] *= FORGET
+        for depth in range(min(accepted, drafted)):
+            self.accepted[depth] += 1.0
+        if accepted < drafted:
+            self.rejected[accepted] += 1.0  # deeper tokens were never tried
+
+    def _grow(self, depth: int) -> None:
+        while len(self.accepted) < depth:
+            self.accepted.append(0.0)
+            self.rejected.append(0.0)
+
+
+class DraftBudget:
+    """Trims each draft to the size that pays on this machine, and learns from what was accepted."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = max(ratio, 0.0)  # the cost of one more row, in 1-row steps
+        self._kinds: dict[str, Acceptance] = {}
+        self._steps: dict[str, int] = {}
+
+    def trim(self, draft: Draft) -> Draft:
+        """The draft cut to its best size: its first k tokens (a chain) or nodes (a tree)."""
+        if not draft.tokens or self.ratio == 0.0:
+            return draft
+        kind = draft_kind(draft)
+        chances = self._kinds.setdefault(kind, Acceptance()).chances(len(draft.tokens))
+        k = best_k(chances, self.ratio)
+        self._steps[kind] = self._steps.get(kind, 0) + 1
+        if k == 0 and self._steps[kind] % EXPLORE == 0:
+            k = 1
+        if k >= len(draft.tokens):
+            return draft
+        parents = draft.parents[:k] if draft.parents is not None else None
+        probs = draft.probs[:k] if draft.probs is not None else None
+        return replace(draft, tokens=draft.tokens[:k], probs=probs, parents=parents)
+
+    def observe(self, draft: Draft, drafted: int, accepted: int) -> None:
+        """The target kept `accepted` of the `drafted` tokens verified from `draft` (after trim)."""
+        if drafted:
+            self._kinds.setdefault(draft_kind(draft), Acceptance()).observe(drafted, accepted)
+
+
+def measure_row_cost(forward: Callable[[int], None], rows: int = 16, trials: int = 3) -> float:
+    """The cost of one more row of a decode forward, in 1-row forwards: (t(rows) / t(1) - 1) / (rows - 1).
+
+    forward(n) runs one forward of n rows; the best of `trials` timings of each counts.
+    """
+
+    def best(n: int) -> float:
+        forward(n)  # warm-up
+        timings = []
+        for _ in range(trials):
+            started = time.perf_counter()
+            forward(n)
+            timings.append(time.perf_counter() - started)
+        return min(timings)
+
+    one = best(1)
+    return max(best(rows) / one - 1.0, 0.0) / (rows - 1)

@@ -1,0 +1,70 @@
+"""The draft budget: drafts cut to the size that pays, learned from what the target accepted."""
+
+from __future__ import annotations
+
+import torch
+
+from completion_engine.draft_budget import (
+    EXPLORE,
+    Acceptance,
+    DraftBudget,
+    best_k,
+    draft_kind,
+    measure_row_cost,
+)
+from completion_engine.types import Draft
+
+
+def ngram(tokens: list[int], match_len: int = 4, parents: list[int] | None = None) -> Draft:
+    return Draft(tokens=tokens, probs=None, source="ngram", match_len=match_len, parents=parents)
+
+
+def test_free_rows_keep_every_token():
+    assert best_k([0.05] * 12, ratio=0.0) == 12  # any chance of a token beats nothing when rows are free
+    assert DraftBudget(0.0).trim(ngram(list(range(10)))).tokens == list(range(10))
+
+
+def test_costly_rows_and_poor_acceptance_cut_to_nothing_but_explore():
+    budget = DraftBudget(0.5)
+    for _ in range(40):  # the target never takes this kind's first token
+        budget.observe(ngram([1, 2, 3]), drafted=3, accepted=0)
+    sizes = [len(budget.trim(ngram([1, 2, 3])).tokens) for _ in range(2 * EXPLORE)]
+    assert sizes.count(1) == 2 and sizes.count(0) == 2 * EXPLORE - 2  # one token every EXPLORE-th step
+
+
+def test_acceptance_is_learned_per_kind():
+    budget = DraftBudget(0.2)
+    long, short = ngram([1] * 10, match_len=8), ngram([1] * 10, match_len=2)
+    for _ in range(60):
+        budget.observe(long, drafted=10, accepted=10)
+        budget.observe(short, drafted=10, accepted=0)
+    assert draft_kind(long) != draft_kind(short)
+    assert len(budget.trim(long).tokens) == 10
+    assert len(budget.trim(short).tokens) <= 1
+
+
+def test_acceptance_counts_depths_and_forgets():
+    acceptance = Acceptance()
+    acceptance.observe(drafted=4, accepted=2)  # depths 1, 2 accepted; 3 rejected; 4 never tried
+    assert acceptance.accepted == [1.0, 1.0, 0.0, 0.0] and acceptance.rejected == [0.0, 0.0, 1.0, 0.0]
+    assert acceptance.chances(4) == [2 / 3, 2 / 3, 1 / 3, 1 / 2]
+    acceptance.observe(drafted=1, accepted=1)
+    assert acceptance.accepted[0] == 0.97 + 1.0 and acceptance.rejected[2] == 0.97
+
+
+def test_a_cut_tree_keeps_its_first_nodes_and_a_cut_model_draft_its_probs():
+    budget = DraftBudget(10.0)  # every extra row far too costly: k = 0 or the exploring 1
+    for _ in range(EXPLORE - 1):
+        budget.trim(ngram([5, 6, 7, 8], parents=[-1, 0, 1, 0]))
+    tree = budget.trim(ngram([5, 6, 7, 8], parents=[-1, 0, 1, 0]))  # the exploring step
+    assert tree.tokens == [5] and tree.parents == [-1]
+    model = DraftBudget(10.0)
+    draft = Draft(tokens=[3, 4], probs=torch.rand(2, 7), source="model")
+    cut = model.trim(draft)
+    assert cut.tokens == [] and cut.probs.shape == (0, 7) and cut.source == "model"
+
+
+def test_row_cost_is_measured_from_forward_timings():
+    calls = []
+    assert measure_row_cost(calls.append, rows=4, trials=2) >= 0.0
+    assert calls == [1, 1, 1, 4, 4, 4]  # a warm-up and two timed forwards each
