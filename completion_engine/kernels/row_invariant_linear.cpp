@@ -108,7 +108,11 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
   return y;
 }
 
+// Both release the GIL while they compute, as torch's own ops do: the language server's event loop
+// and other Python threads keep running while the model worker multiplies.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("pack", &pack, "weight [N, K] -> panels [ceil(N / 32), K, 32]");
-  module.def("linear", &linear, "x [M, K] @ weight.T (+ bias), each output one fixed fma chain");
+  module.def("pack", &pack, "weight [N, K] -> panels [ceil(N / 32), K, 32]",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("linear", &linear, "x [M, K] @ weight.T (+ bias), each output one fixed fma chain",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -103,3 +103,34 @@ def test_exact_float32_runners_attend_on_the_kernel(tiny_target_fp32):
     runner = DecoderRunner(tiny_target_fp32.weights, exact=True, capacity=256)
     fast = DecoderRunner(tiny_target_fp32.weights, exact=False, capacity=256)
     assert runner.cache.panels and not fast.cache.panels  # fast mode attends with SDPA
+
+
+def test_the_kernel_lets_other_python_threads_run():
+    """It releases the GIL as torch's ops do: a language server's event loop must not stall on it."""
+    import threading
+    import time
+
+    linear = row_invariant.pack(torch.randn(8192, 1024))
+    x = torch.randn(256, 1024)  # one call of some 50 ms
+    seen: list[float] = []  # when the other thread ran
+    running, done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        running.set()
+        while not done.is_set():
+            seen.append(time.perf_counter())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert running.wait(timeout=10)
+        started = time.perf_counter()
+        linear(x)
+        ended = time.perf_counter()
+    finally:
+        done.set()
+        thread.join(timeout=10)
+    # holding the GIL, the call would leave the other thread no turn in its middle half
+    quarter = (ended - started) / 4
+    assert any(started + quarter < t < ended - quarter for t in seen), (ended - started, len(seen))
