@@ -288,7 +288,8 @@ class CompletionEngine:
         context = self._fit_context(list(context))
         logits, computed = self.target_runner.prefill(context, cancel)
         if self._model_drafter is not None and logits is not None:
-            self._model_drafter.warm(context)  # after the target: an EAGLE head reads its features
+            # after the target (an EAGLE head reads its features); cancelled like it, between blocks
+            self._model_drafter.warm(context, cancel)
         return computed
 
     def forget_outputs(self) -> None:

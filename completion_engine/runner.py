@@ -295,7 +295,14 @@ class DecoderRunner:
         keep = min(keep, len(context) - 1)
         self.truncate(keep)
         if not self.exact:
-            logits = self._run(list(context[keep:]), len(context) - keep, all_logits=False)
+            # one forward, or blocks of PREFILL_ROWS when it may be cancelled (a warm-up: a request
+            # waits at most one block, not a whole context)
+            step = len(context) - keep if cancel is None else PREFILL_ROWS
+            for begin in range(keep, len(context), step):
+                if cancel is not None and cancel.is_set():
+                    return None, begin - keep
+                block = list(context[begin : begin + step])
+                logits = self._run(block, len(block), all_logits=False)
             self._last_logits = (len(context), logits)
             return logits, len(context) - keep
         boundary = prefill_boundary(len(context))

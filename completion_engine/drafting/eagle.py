@@ -24,6 +24,7 @@ The head's LM head covers the most frequent code tokens only (FR-Spec), as the d
 from __future__ import annotations
 
 import heapq
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -176,8 +177,10 @@ class EagleDrafter:
             self.head.truncate(committed)  # drop the drafted slots: they used guessed features
 
     @torch.inference_mode()
-    def warm(self, context: Sequence[int]) -> None:
+    def warm(self, context: Sequence[int], cancel: threading.Event | None = None) -> None:
         """Catch the head up with a context the target has just prefilled (all but its last pair)."""
+        if cancel is not None and cancel.is_set():
+            return
         if len(self.runner) == len(context) and len(context) > 1:
             self._sync(context, len(context) - 1)
 

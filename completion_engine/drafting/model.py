@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -66,10 +67,11 @@ class ModelDrafter:
         )
         return full.scatter(0, index, probs)
 
-    def warm(self, context: Sequence[int]) -> None:
-        """Bring the draft's cache to `context` ahead of a request."""
+    def warm(self, context: Sequence[int], cancel: threading.Event | None = None) -> None:
+        """Bring the draft's cache to `context` ahead of a request; a set `cancel` stops between blocks."""
         if context:
-            self._sync(context)
+            overflow = len(context) - self.runner.capacity
+            self.runner.prefill(context[max(overflow, 0) :], cancel)
 
     def _sync(self, context: Sequence[int]) -> torch.Tensor:
         """Bring the draft cache to `context` and return the logits after its last token."""

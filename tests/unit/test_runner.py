@@ -308,3 +308,24 @@ def test_a_tree_needs_parents_before_children():
         TreePlan.of([-1, 2, 0], layers=1)
     with pytest.raises(ValueError, match="parents"):
         TreePlan.of([0], layers=1)
+
+
+def test_a_cancellable_fast_prefill_stops_between_blocks(tiny_target):
+    """Draft models prefill in fast mode; a warm-up's cancel stops them between blocks of PREFILL_ROWS."""
+    import threading
+
+    class CancelAfter(threading.Event):
+        def __init__(self, checks: int) -> None:
+            super().__init__()
+            self.checks = checks
+
+        def is_set(self) -> bool:
+            self.checks -= 1
+            return self.checks < 0
+
+    ids = tokens(600, tiny_target.vocab_size, seed=17)
+    runner = DecoderRunner(tiny_target.weights, exact=False, capacity=1024)
+    logits, computed = runner.prefill(ids, CancelAfter(checks=2))  # two blocks, then cancelled
+    assert logits is None and computed == 2 * PREFILL_ROWS and len(runner) == 2 * PREFILL_ROWS
+    logits, computed = runner.prefill(ids, threading.Event())  # resumed: the rest, in blocks
+    assert computed == 600 - 2 * PREFILL_ROWS and logits.shape == (1, tiny_target.vocab_size)
