@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 0.5  # how often a replica marked down is pinged
 PROBE_TIMEOUT_S = 5.0
 STATS_INTERVAL_S = 2.0  # how often replica-side stats (pid, queue, memory) are fetched
+# A replica that sends nothing on a request (no text, no answer) for this long is treated as failed:
+# the request is retried once on another replica. Generous: a request may wait in the replica's
+# queue behind others, and a cold 4k-token prefill takes some 20 s on one CPU core.
+STALL_S = 300.0
 
 
 def client_of(doc_id: str) -> int:
@@ -99,6 +103,10 @@ class DocumentMirror:
         self._sent.pop(replica, None)
 
 
+class ReplicaStalled(Exception):
+    """A replica sent nothing on a request for RemoteWorker.stall_s: treated as a failed replica."""
+
+
 class RemoteWorker:
     def __init__(
         self,
@@ -108,8 +116,10 @@ class RemoteWorker:
         queue_size: int,
         overload_at: int = OVERLOAD_AT,
         on_stop: Callable[[], None] | None = None,
+        stall_s: float = STALL_S,
     ) -> None:
         self.handle = handle
+        self.stall_s = stall_s  # a replica silent this long on a request counts as failed
         self.mirror = mirror
         self.counters = counters  # totals over every replica
         self.queue_size = queue_size
@@ -237,7 +247,15 @@ class RemoteWorker:
             stream = self.handle.options(stream=True).complete.remote(
                 request_id, job.client, job.input, updates, replica=replica
             )
-            async for message in stream:
+            messages = aiter(stream)
+            while True:
+                try:  # a replica that hangs must not hold the request (and its client) forever
+                    message = await asyncio.wait_for(anext(messages), self.stall_s)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    stream.cancel()
+                    raise ReplicaStalled(f"sent nothing for {self.stall_s:g} s") from None
                 if "text" in message and job.on_text is not None:
                     job.on_text(message["text"])
                 elif "outcome" in message:

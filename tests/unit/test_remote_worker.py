@@ -217,3 +217,18 @@ async def test_cancelling_a_request_on_a_removed_replica_stops_its_stream(replic
     outcome = await asyncio.wait_for(asyncio.wrap_future(running.result), 10)
     assert outcome.cancelled and outcome.reason == "client"
     assert r0.stream_cancelled and worker.queued == 0
+
+
+async def test_a_replica_that_stops_sending_is_left_for_the_other():
+    deployment = FakeDeployment("r0", "r1")
+    worker = RemoteWorker(deployment, DocumentMirror(), ServerCounters(), queue_size=4, stall_s=0.2)
+    worker.replicas_changed(frozenset(deployment.replicas))
+    try:
+        first = await answer(worker, job(1, "file:///a.py"))
+        hung = deployment.replicas[first.text.removeprefix("ab from ")]
+        hung.release = asyncio.Event()  # it sends its first text, then nothing, ever
+        outcome = await answer(worker, job(1, "file:///a.py"))
+        assert outcome.text.startswith("ab from r") and hung.name not in outcome.text
+        assert hung.stream_cancelled and worker.retried == 1 and worker.queued == 0
+    finally:
+        worker.stop()
