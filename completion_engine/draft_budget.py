@@ -117,6 +117,8 @@ class DraftBudget:
             k = 1
         if k >= len(draft.tokens):
             return draft
+        if k == 0:  # nothing to verify: a plain step, not an empty tree
+            return replace(draft, tokens=[], probs=None, parents=None)
         parents = draft.parents[:k] if draft.parents is not None else None
         probs = draft.probs[:k] if draft.probs is not None else None
         return replace(draft, tokens=draft.tokens[:k], probs=probs, parents=parents)
@@ -125,6 +127,18 @@ class DraftBudget:
         """The target kept `accepted` of the `drafted` tokens verified from `draft` (after trim)."""
         if drafted:
             self._kinds.setdefault(draft_kind(draft), Acceptance()).observe(drafted, accepted)
+
+
+def tree_depth(parents: list[int]) -> int:
+    """How many levels a draft tree has below the pending token (parents[i] < i, -1 at the top).
+
+    >>> tree_depth([-1, 0, 1, 0]), tree_depth([-1, -1]), tree_depth([])
+    (3, 1, 0)
+    """
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return max(depths, default=0)
 
 
 def measure_row_cost(forward: Callable[[int], None], rows: int = 16, trials: int = 3) -> float:

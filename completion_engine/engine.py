@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from completion_engine.config import EngineConfig
-from completion_engine.draft_budget import DraftBudget, measure_row_cost
+from completion_engine.draft_budget import DraftBudget, measure_row_cost, tree_depth
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
 from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
@@ -95,7 +95,9 @@ class CompletionEngine:
         )
         self.threads = choose_threads(self._probe_step) if self.target_runner.device.type == "cpu" else 0
         row_cost = config.row_cost
-        if row_cost is None:
+        if config.max_draft < 1:
+            row_cost = 0.0  # nothing is drafted: nothing to time
+        elif row_cost is None:
             row_cost = measure_row_cost(self._probe_forward, rows=min(DECODE_ROWS, config.max_draft + 1))
             self.target_runner.truncate(0)
             logger.info("verify forwards: one more row costs %.2f of a 1-row step", row_cost)
@@ -259,7 +261,8 @@ class CompletionEngine:
                 self._record_step(stats, source, len(drafted), accepted)
                 if drafter is not None and drafted:
                     drafter.observe(len(drafted), accepted)
-                    self.budget.observe(draft, len(drafted), accepted)
+                    # a tree's nodes sit at depths: what was tried is its depth, as for a chain's tokens
+                    self.budget.observe(draft, tree_depth(draft.parents) if tree else len(drafted), accepted)
                 chunk = self._accept(
                     request,
                     [*kept, pending],

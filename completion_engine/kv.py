@@ -73,6 +73,8 @@ class KVCache:
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [kv_head, n, head_dim] for positions start .. start + n - 1."""
         n = k.shape[1]
+        if n == 0:
+            return
         if start + n > self.capacity:
             raise ValueError(f"KV cache full: {start + n} positions needed, capacity {self.capacity}")
         if not self.panels:

@@ -250,7 +250,8 @@ class RemoteWorker:
             messages = aiter(stream)
             while True:
                 try:  # a replica that hangs must not hold the request (and its client) forever
-                    message = await asyncio.wait_for(anext(messages), self.stall_s)
+                    async with asyncio.timeout(self.stall_s):
+                        message = await anext(messages)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:

@@ -58,10 +58,14 @@ def test_a_cut_tree_keeps_its_first_nodes_and_a_cut_model_draft_its_probs():
         budget.trim(ngram([5, 6, 7, 8], parents=[-1, 0, 1, 0]))
     tree = budget.trim(ngram([5, 6, 7, 8], parents=[-1, 0, 1, 0]))  # the exploring step
     assert tree.tokens == [5] and tree.parents == [-1]
+    nothing = budget.trim(ngram([5, 6, 7, 8], parents=[-1, 0, 1, 0]))
+    assert nothing.tokens == [] and nothing.parents is None  # a plain step, not an empty tree
     model = DraftBudget(10.0)
     draft = Draft(tokens=[3, 4], probs=torch.rand(2, 7), source="model")
-    cut = model.trim(draft)
-    assert cut.tokens == [] and cut.probs.shape == (0, 7) and cut.source == "model"
+    budget_steps = [model.trim(draft) for _ in range(EXPLORE)]
+    assert budget_steps[0].tokens == [] and budget_steps[0].probs is None
+    explored = budget_steps[-1]
+    assert explored.tokens == [3] and explored.probs.shape == (1, 7) and explored.source == "model"
 
 
 def test_row_cost_is_measured_from_forward_timings():
