@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from completion_engine.embedded import EMBEDDED_NAME, converted_gguf_folder, ensure_embedded
+from completion_engine.row_invariant import cpu_flags
 from completion_engine.runner import DecoderWeights
 from completion_engine.weights import UnsupportedArchitecture, check_supported, decoder_weights_from_hf
 
@@ -76,12 +77,11 @@ def dtype_label(dtype: str, device: str = "auto") -> str:
 
 
 def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bf16 natively (x86 AMX-BF16 or AVX512-BF16; Linux's cpuinfo flags)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False  # not Linux: float32 is the safe guess (Apple and ARM CPUs: pass --dtype to choose)
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    """Whether this CPU multiplies bf16 natively (x86 AMX-BF16 or AVX512-BF16; Linux's cpuinfo flags).
+
+    No flags (not Linux): float32 is the safe guess (Apple and ARM CPUs: pass --dtype to choose).
+    """
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 def load_model(spec: str, device: str = "auto", dtype: str = "auto", progress: bool = True) -> LoadedModel:

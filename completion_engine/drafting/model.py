@@ -70,15 +70,14 @@ class ModelDrafter:
     def warm(self, context: Sequence[int], cancel: threading.Event | None = None) -> None:
         """Bring the draft's cache to `context` ahead of a request; a set `cancel` stops between blocks."""
         if context:
-            overflow = len(context) - self.runner.capacity
-            self.runner.prefill(context[max(overflow, 0) :], cancel)
+            self._sync(context, cancel)
 
-    def _sync(self, context: Sequence[int]) -> torch.Tensor:
-        """Bring the draft cache to `context` and return the logits after its last token."""
+    def _sync(self, context: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor | None:
+        """Bring the draft cache to `context`; the logits after its last token (None: cancelled)."""
         overflow = len(context) - self.runner.capacity
         if overflow > 0:  # too long for the draft's cache: draft from the most recent part only
             context = context[overflow:]
-        return self.runner.prefill(context)[0]
+        return self.runner.prefill(context, cancel)[0]
 
     def observe(self, proposed: int, accepted: int) -> None:
         if proposed == 0:

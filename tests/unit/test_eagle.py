@@ -57,6 +57,7 @@ def eagle_engine(target: LoadedModel, k: int = 8, tree: bool = True) -> Completi
         draft_min_prob=0.0,
         kept_outputs=0,
         eagle_tree=tree,
+        row_cost=0.0,  # drafts keep the size the head chose: the same runs on every machine
     )
     return CompletionEngine(config, target, near_head(target))
 

@@ -40,7 +40,7 @@ def engine_for(
     row_cost: float = 0.0,
 ):
     # kept_outputs=0: the plain run's output must not become a perfect draft for the run it is compared with;
-    # row_cost=0: drafts keep the size the drafter chose (test_budget_cut_drafts_equal_plain cuts them)
+    # row_cost=0: drafts keep the size the drafter chose (test_drafts_cut_by_the_budget_equal_plain cuts them)
     config = EngineConfig(
         target="test",
         max_draft=k,
