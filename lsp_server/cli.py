@@ -353,11 +353,14 @@ def _start_shared(args: argparse.Namespace):
     from lsp_server.stats import ServerCounters
     from lsp_server.worker import ModelWorker
 
-    engine = CompletionEngine.from_config(engine_config(args))
+    config = engine_config(args)
     counters = ServerCounters()
     corpus = CorpusFeed(args.corpus_tokens)
-    worker = ModelWorker(engine, corpus, counters, args.queue_size)
-    worker.start()
+    # built on the worker's thread, which makes every torch call (ModelWorker says why)
+    worker = ModelWorker.loading(
+        lambda: CompletionEngine.from_config(config), corpus, counters, args.queue_size
+    )
+    engine = worker.engine
     model = {
         "target": args.target,
         "draft_model": args.draft_model,

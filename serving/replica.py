@@ -60,11 +60,12 @@ class EngineReplica:
         from lsp_server.stats import ServerCounters
         from lsp_server.worker import ModelWorker
 
-        self.engine = CompletionEngine.from_config(config.engine)
         self.counters = ServerCounters()
         self.corpus = CorpusFeed(config.corpus_tokens)
-        self.worker = ModelWorker(self.engine, self.corpus, self.counters, config.queue_size)
-        self.worker.start()
+        # built on the worker's thread, which makes every torch call (ModelWorker says why)
+        self.worker = ModelWorker.loading(
+            lambda: CompletionEngine.from_config(config.engine), self.corpus, self.counters, config.queue_size
+        )
         self.jobs: dict[str, CompletionJob] = {}
         self.cancelled_early: dict[str, str] = {}  # request id -> reason: the cancel overtook the request
         self.replica_id = serve.get_replica_context().replica_id.unique_id

@@ -172,6 +172,33 @@ def test_an_engine_failure_is_reported_and_the_worker_goes_on(worker):
     assert after.result.result(WAIT).text == "x"
 
 
+def test_a_loading_worker_builds_its_engine_on_the_thread_that_runs_the_jobs():
+    # one thread makes every torch call: a second OpenMP team slows every forward (ModelWorker)
+    threads = []
+
+    def build():
+        threads.append(threading.current_thread())
+        return FakeEngine()
+
+    worker = ModelWorker.loading(build, CorpusFeed(1000), ServerCounters(), queue_size=2)
+    try:
+        assert isinstance(worker.engine, FakeEngine)
+        first = job(1, "a", tokens=1)
+        worker.submit(first)
+        assert first.result.result(WAIT).text == "x"
+        assert threads == [worker._thread] and threads[0] is not threading.current_thread()
+    finally:
+        worker.stop()
+
+
+def test_a_failed_load_is_raised_to_the_caller():
+    def build():
+        raise RuntimeError("no weights here")
+
+    with pytest.raises(RuntimeError, match="no weights here"):
+        ModelWorker.loading(build, CorpusFeed(1000), ServerCounters(), queue_size=2)
+
+
 def test_fair_queue_takes_turns_and_is_bounded():
     queue = FairQueue(capacity=4)
     for item in ("a1", "a2", "a3"):
