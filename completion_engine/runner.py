@@ -15,8 +15,9 @@ probe admits every bucket and a decode step is a 1-row forward (with MKL there, 
 Attention runs per key bucket: each query row attends to its own causal
 prefix of length L, keys and values padded (masked to -inf, so they add exact zeros) to a multiple
 of KEY_BUCKET, in calls of a fixed number of query rows (DECODE_ATTENTION_ROWS in decode forwards,
-KEY_BUCKET in prefill forwards). So the hidden state of a position is a pure function of the
-tokens up to it and of the row bucket that computed each of them.
+KEY_BUCKET in prefill forwards). On the kernel, attention is instead one call per layer over the
+real rows (row_invariant.attention), each row over exactly its own L keys. So the hidden state of
+a position is a pure function of the tokens up to it and of the row bucket that computed each of them.
 
 The schedule that makes every path agree: context positions below `prefill_boundary(len)` (whole
 blocks of PREFILL_ROWS) are computed in prefill forwards, the rest of the context and every
@@ -48,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from completion_engine import row_invariant
-from completion_engine.kv import KEY_BUCKET, PANEL, KVCache, common_prefix_len
+from completion_engine.kv import KEY_BUCKET, KVCache, common_prefix_len
 
 DECODE_ROWS = 16  # rows of a decode / verify forward: a verify block holds at most this many tokens
 # smaller decode forwards, used where they give every row the bits of a DECODE_ROWS forward (probed)
@@ -279,7 +280,7 @@ class DecoderRunner:
 
         Cached positions are kept where a cold run would give the same bits (`reusable_prefix`); the
         last token's logits come from the last prefill when it ended there, else it is recomputed.
-        `computed` counts the positions run. A set `cancel` stops between forwards: the cache keeps
+        `computed` counts the positions run. A set `cancel` stops within one layer: the cache keeps
         the positions done (valid for later reuse) and the logits are None.
         """
         if not context:
@@ -299,24 +300,28 @@ class DecoderRunner:
             # waits at most one block, not a whole context)
             step = len(context) - keep if cancel is None else PREFILL_ROWS
             for begin in range(keep, len(context), step):
-                if cancel is not None and cancel.is_set():
-                    return None, begin - keep
                 block = list(context[begin : begin + step])
-                logits = self._run(block, len(block), all_logits=False)
+                try:
+                    logits = self._run(block, len(block), all_logits=False, cancel=cancel)
+                except _Cancelled:
+                    return None, begin - keep
             self._last_logits = (len(context), logits)
             return logits, len(context) - keep
         boundary = prefill_boundary(len(context))
         position = keep
         while position < len(context):
-            if cancel is not None and cancel.is_set():
-                return None, position - keep
             if position < boundary:  # up to the end of this position's block of PREFILL_ROWS
                 rows, end = PREFILL_ROWS, min(boundary, (position // PREFILL_ROWS + 1) * PREFILL_ROWS)
             else:
                 end = min(len(context), position + DECODE_ROWS)
                 rows = self._decode_rows(end - position)
             last = end == len(context)
-            logits = self._run(list(context[position:end]), rows, all_logits=False, logits=last)
+            try:
+                logits = self._run(
+                    list(context[position:end]), rows, all_logits=False, logits=last, cancel=cancel
+                )
+            except _Cancelled:
+                return None, position - keep
             position = end
         self._last_logits = (len(context), logits)
         return logits, len(context) - keep
@@ -418,11 +423,20 @@ class DecoderRunner:
             raise ValueError(f"context of {length} tokens exceeds capacity {self.capacity}")
 
     def _run(
-        self, tokens: list[int], rows: int, all_logits: bool, logits: bool = True
+        self,
+        tokens: list[int],
+        rows: int,
+        all_logits: bool,
+        logits: bool = True,
+        cancel: threading.Event | None = None,
     ) -> torch.Tensor | None:
-        """One forward of `rows` rows (exact) holding `tokens`; float32 logits of all or the last token."""
+        """One forward of `rows` rows (exact) holding `tokens`; float32 logits of all or the last token.
+
+        A set `cancel` stops the forward between two layers (_Cancelled): the cache's length is
+        unchanged, and the keys and values already written past it are overwritten by the next forward.
+        """
         rows = rows if self.exact else len(tokens)
-        hidden = self._forward(tokens, rows)  # [rows, hidden]
+        hidden = self._forward(tokens, rows, cancel=cancel)  # [rows, hidden]
         if self.features is not None:
             start = len(self.cache)
             self.features[start : start + len(tokens)] = hidden[: len(tokens)]
@@ -445,7 +459,13 @@ class DecoderRunner:
             return torch.cat([self._logits(part) for part in hidden.split(DECODE_ROWS)])
         return self.lm_head(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps))
 
-    def _forward(self, tokens: list[int], rows: int, tree: TreePlan | None = None) -> torch.Tensor:
+    def _forward(
+        self,
+        tokens: list[int],
+        rows: int,
+        tree: TreePlan | None = None,
+        cancel: threading.Event | None = None,
+    ) -> torch.Tensor:
         """Hidden states [rows, hidden] of `tokens` placed after the cache (a chain, or a tree's nodes)."""
         s = self.shape
         n = len(tokens)
@@ -468,6 +488,8 @@ class DecoderRunner:
                 for chain, owned in tree.paths
             ]
         for index, (layer, linear) in enumerate(zip(self.w.layers, self.linears, strict=True)):
+            if cancel is not None and cancel.is_set():  # a warm-up gives way within one layer
+                raise _Cancelled
             h = rms_norm(x, layer.input_norm, s.rms_eps)
             qkv = linear.qkv(h)
             q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
@@ -519,9 +541,14 @@ class DecoderRunner:
         rows whose L pads to the same key bucket go together, in calls of `call_rows` rows (padding
         rows repeat the call's first row and are dropped).
         """
-        # on the kernel a row's attention does not depend on the rows beside it: no padding rows
-        padding = not self.cache.panels
-        call_rows = KEY_BUCKET if rows == PREFILL_ROWS or not padding else DECODE_ATTENTION_ROWS
+        if self.cache.panels:  # on the kernel a row's attention depends on nothing else: one call
+            row_ids = [row for row, _ in entries]
+            lengths = torch.tensor([length for _, length in entries], device=self.device)
+            contiguous = row_ids == list(range(row_ids[0], row_ids[0] + len(row_ids)))
+            index = None if contiguous else torch.tensor(row_ids, device=self.device)
+            return [AttentionCall(row_ids[0], len(row_ids), 0, None, index, lengths)]
+        padding = True
+        call_rows = KEY_BUCKET if rows == PREFILL_ROWS else DECODE_ATTENTION_ROWS
         calls = []
         first = 0
         while first < len(entries):
@@ -551,6 +578,20 @@ class DecoderRunner:
         s = self.shape
         scale = s.head_dim**-0.5
         for call in calls:
+            if call.lengths is not None:  # the kernel's attention, on the real rows only
+                q_rows = (
+                    q[call.first : call.first + call.real]
+                    if call.index is None
+                    else q.index_select(0, call.index)
+                )
+                call_out = row_invariant.attention(
+                    q_rows.contiguous(), self.cache.keys[layer], self.cache.values[layer], call.lengths, scale
+                )
+                if call.index is None:
+                    out[call.first : call.first + call.real] = call_out
+                else:
+                    out.index_copy_(0, call.index, call_out)
+                continue
             rows = call.mask.shape[0]
             if call.index is None:
                 q_rows = q[call.first : call.first + call.real]
@@ -565,11 +606,13 @@ class DecoderRunner:
             # copy them first (measured: 4x slower for a 128-row prefill call).
             heads = []
             for head in range(s.n_kv_heads):
-                scores = self._scores(layer, head, q_grouped[head], call.padded).mul_(scale)
+                keys = self.cache.keys[layer, head, : call.padded]
+                scores = torch.mm(q_grouped[head], keys.t()).float().mul_(scale)
                 # masked keys get -inf: softmax gives them exact zeros
                 scores = scores.view(s.group, rows, call.padded).add_(call.mask)
                 probs = torch.softmax(scores, dim=-1).to(self.dtype).view(s.group * rows, call.padded)
-                heads.append(self._weighted_values(layer, head, probs))  # [group * rows, head_dim]
+                values = self.cache.values[layer, head, : call.padded]
+                heads.append(torch.mm(probs, values))  # [group * rows, head_dim]
             call_out = torch.stack(heads)  # [kv_head, group * rows, head_dim]
             call_out = call_out.view(s.n_kv_heads, s.group, rows, s.head_dim)[:, :, : call.real]
             call_out = call_out.permute(2, 0, 1, 3).reshape(call.real, -1)
@@ -578,18 +621,9 @@ class DecoderRunner:
             else:
                 out.index_copy_(0, call.index, call_out)
 
-    def _scores(self, layer: int, head: int, q: torch.Tensor, keys: int) -> torch.Tensor:
-        """q [rows, head_dim] . the first `keys` keys of a kv head: float32 [rows, keys]."""
-        if self.cache.panels:  # every score one fixed fma chain over head_dim
-            return row_invariant.linear(q, self.cache.keys[layer, head, : keys // PANEL], keys)
-        return torch.mm(q, self.cache.keys[layer, head, :keys].t()).float()
 
-    def _weighted_values(self, layer: int, head: int, probs: torch.Tensor) -> torch.Tensor:
-        """probs [rows, keys] @ the first `keys` values of a kv head: [rows, head_dim]."""
-        keys = probs.shape[1]
-        if self.cache.panels:  # every output one fixed fma chain over the keys, in order
-            return row_invariant.linear(probs, self.cache.values[layer, head, :, :keys], self.shape.head_dim)
-        return torch.mm(probs, self.cache.values[layer, head, :keys])
+class _Cancelled(Exception):
+    """A prefill's cancel was set in the middle of a forward."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -598,9 +632,10 @@ class AttentionCall:
 
     first: int  # first row of the forward in this call
     real: int  # real rows in this call (the rest of the call's rows are padding)
-    padded: int  # keys per call: a multiple of KEY_BUCKET
-    mask: torch.Tensor  # [call rows, padded] float32: 0 where a row may look, -inf where it must not
+    padded: int  # keys per call: a multiple of KEY_BUCKET (0 on the kernel)
+    mask: torch.Tensor | None  # [call rows, padded] float32: 0 where a row may look, -inf where it must not
     index: torch.Tensor | None = None  # [real] the forward's rows in this call, when not first..first+real
+    lengths: torch.Tensor | None = None  # [real] keys each row sees: set when the kernel attends
 
 
 @dataclass(slots=True)

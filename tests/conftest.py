@@ -29,10 +29,12 @@ def tiny_loaded(
     hidden: int = 64,
     spread: float = 0.3,
     noise: float = 0.0,
+    bf16_valued: bool = False,
 ) -> LoadedModel:
     """A random model whose greedy output varies (weights drawn wider than the default 0.02).
 
     noise > 0 perturbs every weight: a draft that agrees with the seed's model most of the time.
+    bf16_valued rounds every weight to a bf16 value (a bf16 checkpoint loaded in float32).
     """
     model = build_model(len(tokenizer), seed=seed, layers=layers, hidden=hidden)
     with torch.no_grad():
@@ -44,6 +46,9 @@ def tiny_loaded(
             perturb = torch.Generator().manual_seed(seed + 1000)
             for param in model.parameters():
                 param.add_(torch.randn(param.shape, generator=perturb) * noise)
+        if bf16_valued:
+            for param in model.parameters():
+                param.copy_(param.bfloat16().float())
     weights = decoder_weights_from_hf(model, dtype, torch.device("cpu"))
     # no end-of-sequence token: every run goes to max_new_tokens (test_eos_inside_a_draft sets its own)
     return LoadedModel(f"tiny-{seed}", weights, tokenizer, frozenset())
@@ -69,6 +74,12 @@ def tiny_near_draft(tiny_tokenizer) -> LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_target_fp32(tiny_tokenizer) -> LoadedModel:
     return tiny_loaded(tiny_tokenizer, seed=1, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_fp32_bf16_valued(tiny_tokenizer) -> LoadedModel:
+    """float32 weights that are all bf16 values: the row-invariant kernel packs them in bf16 panels."""
+    return tiny_loaded(tiny_tokenizer, seed=1, dtype=torch.float32, bf16_valued=True)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -25,8 +26,15 @@ constexpr int64_t kBlockRows = 3;            // rows per micro-kernel call: 3 x 
 // Continue the chains of rows [0, R) x the panel's 32 columns over k in [k0, k1).
 // acc holds the chains so far ([R][32]); it is ignored and the chains start at zero when first.
 // Always inlined: out of line, GCC 12 kept the accumulators on the stack (2.7x slower at 128 rows).
-template <int R>
-__attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k1, float* acc,
+// 8 weights of a panel row as float32: loaded, or widened from bf16 (exactly: the top half of a float32)
+inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+inline __m256 load8(const uint16_t* w) {
+  const __m256i halves = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(halves, 16));
+}
+
+template <int R, typename W>
+__attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, const W* panel, int64_t k0, int64_t k1, float* acc,
                   bool first) {
   __m256 sum[R][kVectors];
   for (int r = 0; r < R; ++r)
@@ -34,7 +42,7 @@ __attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, co
       sum[r][v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * kPanel + v * 8);
   for (int64_t k = k0; k < k1; ++k) {
     __m256 w[kVectors];
-    for (int v = 0; v < kVectors; ++v) w[v] = _mm256_loadu_ps(panel + k * kPanel + v * 8);
+    for (int v = 0; v < kVectors; ++v) w[v] = load8(panel + k * kPanel + v * 8);
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
       for (int v = 0; v < kVectors; ++v) sum[r][v] = _mm256_fmadd_ps(xv, w[v], sum[r][v]);
@@ -43,6 +51,47 @@ __attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, co
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < kVectors; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, sum[r][v]);
 }
+
+// e^x for 8 lanes: Cephes' polynomial after a reduction by ln 2 (as in avx_mathfun), clamped below at
+// -87 so that 2^n stays a normal float. Every lane is the same function of its own input.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+// The softmax of one row of scaled scores s[0, length) in place, zeros in [length, padded): a pure
+// function of the row's own `length` scores (exact zeros add nothing to the sum's lanes).
+inline void softmax_row(float* s, int64_t length, int64_t padded) {
+  float top = s[0];
+  for (int64_t j = 1; j < length; ++j) top = std::max(top, s[j]);
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < padded; j += 8) {
+    const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 inside = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(length)), index));
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift)), inside);
+    _mm256_storeu_ps(s + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  const float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  const __m256 divisor = _mm256_set1_ps(total);
+  for (int64_t j = 0; j < padded; j += 8) _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), divisor));
+}
+
+constexpr int64_t kSlots = 4 * kBlockRows;  // query slots (a row's head) handled together: 4 micro-kernel tiles
 
 }  // namespace
 
@@ -62,11 +111,51 @@ torch::Tensor pack(const torch::Tensor& weight) {
   return out;
 }
 
-// x [M, K] float32; panels [>= ceil(n / 32), K, 32] as pack() makes them, rows of a panel contiguous;
-// n the weight's rows; bias [n] or None.
+// The same panels in bfloat16, for weights that are bf16 values (most checkpoints ship in bf16): half
+// the bytes to stream, and a bf16 value widens to exactly the float32 it stood for, so every chain is
+// the one float32 panels give. -> [ceil(N / 32), K, 32] bfloat16
+torch::Tensor pack_bf16(const torch::Tensor& weight) {
+  auto wide = pack(weight);
+  auto narrow = wide.to(torch::kBFloat16);
+  TORCH_CHECK(torch::equal(narrow.to(torch::kFloat32), wide), "pack_bf16: the weight has values that are not bf16 values");
+  return narrow;
+}
+
+namespace {
+
+// Rows [0, m) of x against one panel's k block [k0, k1); acc as in micro. A bf16 panel is widened in
+// registers for one tile of rows (a decode step streams half the bytes); for more, its block is
+// widened once into `wide` (64-byte aligned, k x 32 floats) and every tile reads it from L1.
+template <typename W>
+inline void rows_block(const float* xp, int64_t m, int64_t k, const W* panel, int64_t k0, int64_t k1, float* acc,
+                       float* wide) {
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    if (m > kBlockRows) {
+      for (int64_t i = k0 * kPanel; i < k1 * kPanel; i += 8) _mm256_store_ps(wide + i, load8(panel + i));
+      rows_block(xp, m, k, static_cast<const float*>(wide), k0, k1, acc, nullptr);
+      return;
+    }
+  }
+  for (int64_t row = 0; row < m; row += kBlockRows) {
+    const float* xr = xp + row * k;
+    float* ar = acc + row * kPanel;
+    switch (std::min(kBlockRows, m - row)) {
+      case 3: micro<3>(xr, k, panel, k0, k1, ar, k0 == 0); break;
+      case 2: micro<2>(xr, k, panel, k0, k1, ar, k0 == 0); break;
+      default: micro<1>(xr, k, panel, k0, k1, ar, k0 == 0); break;
+    }
+  }
+}
+
+}  // namespace
+
+// x [M, K] float32; panels [>= ceil(n / 32), K, 32] as pack() or pack_bf16() makes them, rows of a panel
+// contiguous; n the weight's rows; bias [n] or None.
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, int64_t n,
                      const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kFloat32, "linear: a 2-D float32 input");
+  const bool narrow = panels.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(narrow || panels.scalar_type() == torch::kFloat32, "linear: float32 or bfloat16 panels");
   TORCH_CHECK(panels.dim() == 3 && panels.size(1) == input.size(1) && panels.size(2) == kPanel &&
                   panels.stride(2) == 1 && panels.stride(1) == kPanel && panels.size(0) * kPanel >= n,
               "linear: panels do not fit the input");
@@ -74,28 +163,27 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
                                     bias->numel() == n),
               "linear: the bias must be a contiguous float32 vector of the output size");
   const auto x = input.contiguous();
-  // panels may sit apart (a slice of a longer cache): panel p starts p * stride floats in
+  // panels may sit apart (a slice of a longer cache): panel p starts p * stride elements in
   const int64_t m = x.size(0), k = x.size(1), count = (n + kPanel - 1) / kPanel, stride = panels.stride(0);
   auto y = torch::empty({m, n}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* wp = panels.data_ptr<float>();
+  const float* wp = narrow ? nullptr : panels.data_ptr<float>();
+  const uint16_t* hp = narrow ? reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>()) : nullptr;
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  // bf16 panels: widened as rows_block says
   at::parallel_for(0, count, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> acc(((m + kBlockRows - 1) / kBlockRows) * kBlockRows * kPanel);
+    // 64-byte aligned, as torch's tensors are: unaligned, half the 32-byte loads split a cache line
+    std::vector<float> wide_buffer(narrow && m > kBlockRows ? k * kPanel + 16 : 0);
+    float* wide = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(wide_buffer.data()) + 63) & ~uintptr_t{63});
     for (int64_t p = p0; p < p1; ++p) {
-      const float* panel = wp + p * stride;
       for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {
         const int64_t k1 = std::min(k, k0 + kBlockK);
-        for (int64_t row = 0; row < m; row += kBlockRows) {
-          const float* xr = xp + row * k;
-          float* ar = acc.data() + row * kPanel;
-          switch (std::min(kBlockRows, m - row)) {
-            case 3: micro<3>(xr, k, panel, k0, k1, ar, k0 == 0); break;
-            case 2: micro<2>(xr, k, panel, k0, k1, ar, k0 == 0); break;
-            default: micro<1>(xr, k, panel, k0, k1, ar, k0 == 0); break;
-          }
-        }
+        if (narrow)
+          rows_block(xp, m, k, hp + p * stride, k0, k1, acc.data(), wide);
+        else
+          rows_block(xp, m, k, wp + p * stride, k0, k1, acc.data(), nullptr);
       }
       const int64_t cols = std::min(kPanel, n - p * kPanel);
       for (int64_t row = 0; row < m; ++row) {
@@ -108,11 +196,106 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
   return y;
 }
 
+// Causal attention of `rows` query rows over the KV cache of one layer, in the panel layout:
+//   q [rows, heads, d]; keys [kv_heads, >= ceil(max length / 32), d, 32]; values [kv_heads, ceil(d / 32), >= max length, 32];
+//   lengths [rows] int64: row i attends to keys [0, lengths[i]); heads share a kv head in groups of heads / kv_heads.
+// Every score is the fixed fma chain over d (as linear() makes it), times scale; the softmax is a
+// function of the row's own scores (softmax_row); every output is the fixed fma chain over the keys in
+// order, exact zeros past the row's length adding nothing. So a row's output does not depend on the rows
+// beside it, how many there are, or the threads. -> [rows, heads * d]
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                        const torch::Tensor& lengths, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "attention: q [rows, heads, d] contiguous float32");
+  TORCH_CHECK(keys.dim() == 4 && keys.scalar_type() == torch::kFloat32 && keys.size(2) == q.size(2) && keys.size(3) == kPanel &&
+                  keys.stride(3) == 1 && keys.stride(2) == kPanel,
+              "attention: keys [kv_heads, panels, d, 32] float32");
+  TORCH_CHECK(values.dim() == 4 && values.scalar_type() == torch::kFloat32 && values.size(0) == keys.size(0) &&
+                  values.size(1) * kPanel >= q.size(2) && values.size(3) == kPanel && values.stride(3) == 1 && values.stride(2) == kPanel,
+              "attention: values [kv_heads, ceil(d / 32), positions, 32] float32");
+  TORCH_CHECK(lengths.dim() == 1 && lengths.scalar_type() == torch::kInt64 && lengths.size(0) == q.size(0),
+              "attention: lengths [rows] int64");
+  const int64_t rows = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = keys.size(0);
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: heads must be a multiple of kv_heads");
+  const auto length = lengths.contiguous();
+  const int64_t* len = length.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t padded = (len[r] + kPanel - 1) / kPanel * kPanel;
+    TORCH_CHECK(len[r] >= 1 && padded <= keys.size(1) * kPanel && padded <= values.size(2), "attention: a length is out of range");
+    longest = std::max(longest, len[r]);
+  }
+  const int64_t group = heads / kv_heads, slots = rows * group, chunks = (slots + kSlots - 1) / kSlots;
+  const int64_t value_panels = (d + kPanel - 1) / kPanel;
+  auto out = torch::empty({rows, heads * d}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = keys.data_ptr<float>();
+  const float* vp = values.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  // a work item: one kv head's chunk of up to kSlots slots (slot = row * group + head in the group)
+  at::parallel_for(0, kv_heads * chunks, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> query(kSlots * d), acc(kSlots * kPanel), probs;
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t kv = item / chunks, first = (item % chunks) * kSlots, count = std::min(kSlots, slots - first);
+      int64_t span = 0;  // keys any slot of the chunk sees
+      for (int64_t s = 0; s < count; ++s) {
+        const int64_t row = (first + s) / group, head = kv * group + (first + s) % group;
+        std::copy(qp + (row * heads + head) * d, qp + (row * heads + head + 1) * d, query.data() + s * d);
+        span = std::max(span, len[row]);
+      }
+      const int64_t padded = (span + kPanel - 1) / kPanel * kPanel;
+      probs.assign(count * padded, 0.0f);
+      // scores: key panel by key panel, every slot of the chunk against it (the panel stays in L1)
+      const float* key_head = kp + kv * keys.stride(0);
+      for (int64_t p = 0; p < padded / kPanel; ++p) {
+        const float* panel = key_head + p * keys.stride(1);
+        for (int64_t s = 0; s < count; s += kBlockRows) {
+          switch (std::min(kBlockRows, count - s)) {
+            case 3: micro<3>(query.data() + s * d, d, panel, 0, d, acc.data() + s * kPanel, true); break;
+            case 2: micro<2>(query.data() + s * d, d, panel, 0, d, acc.data() + s * kPanel, true); break;
+            default: micro<1>(query.data() + s * d, d, panel, 0, d, acc.data() + s * kPanel, true); break;
+          }
+        }
+        for (int64_t s = 0; s < count; ++s)
+          for (int64_t j = 0; j < kPanel; ++j) probs[s * padded + p * kPanel + j] = acc[s * kPanel + j] * fscale;
+      }
+      for (int64_t s = 0; s < count; ++s) softmax_row(probs.data() + s * padded, len[(first + s) / group], padded);
+      // outputs: value panel by value panel, chains over the keys in blocks of kBlockK parked in acc
+      const float* value_head = vp + kv * values.stride(0);
+      for (int64_t c = 0; c < value_panels; ++c) {
+        const float* panel = value_head + c * values.stride(1);
+        for (int64_t k0 = 0; k0 < padded; k0 += kBlockK) {
+          const int64_t k1 = std::min(padded, k0 + kBlockK);
+          for (int64_t s = 0; s < count; s += kBlockRows) {
+            const float* x = probs.data() + s * padded;
+            float* a = acc.data() + s * kPanel;
+            switch (std::min(kBlockRows, count - s)) {
+              case 3: micro<3>(x, padded, panel, k0, k1, a, k0 == 0); break;
+              case 2: micro<2>(x, padded, panel, k0, k1, a, k0 == 0); break;
+              default: micro<1>(x, padded, panel, k0, k1, a, k0 == 0); break;
+            }
+          }
+        }
+        const int64_t cols = std::min(kPanel, d - c * kPanel);
+        for (int64_t s = 0; s < count; ++s) {
+          const int64_t row = (first + s) / group, head = kv * group + (first + s) % group;
+          std::copy(acc.data() + s * kPanel, acc.data() + s * kPanel + cols, op + row * heads * d + head * d + c * kPanel);
+        }
+      }
+    }
+  });
+  return out;
+}
+
 // Both release the GIL while they compute, as torch's own ops do: the language server's event loop
 // and other Python threads keep running while the model worker multiplies.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("pack", &pack, "weight [N, K] -> panels [ceil(N / 32), K, 32]",
              pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("pack_bf16", &pack_bf16, "weight [N, K] of bf16 values -> bfloat16 panels [ceil(N / 32), K, 32]",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("linear", &linear, "x [M, K] @ weight.T (+ bias), each output one fixed fma chain",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("attention", &attention, "causal attention over panel-layout keys and values, row-invariant",
              pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -99,6 +99,98 @@ def test_the_kv_cache_panel_layout_holds_what_was_written():
     assert panels.keys.shape == (2, 3, 256 // PANEL, 40, PANEL)
 
 
+def test_bf16_valued_weights_pack_into_bf16_panels_with_the_bits_of_float32_ones():
+    generator = torch.Generator().manual_seed(9)
+    weight = torch.randn(100, 200, generator=generator).bfloat16().float()
+    bias = torch.randn(100, generator=generator)
+    narrow, wide = row_invariant.pack(weight, bias), row_invariant.pack(weight, bias, bf16=False)
+    assert narrow.panels.dtype == torch.bfloat16 and wide.panels.dtype == torch.float32
+    x = torch.randn(40, 200, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in (1, 2, 3, 4, 11, 16, 40):  # in registers up to 3 rows, widened blocks beyond
+                assert torch.equal(narrow(x[:rows]), wide(x[:rows])), rows
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_other_weights_keep_float32_panels_and_bf16_panels_refuse_them():
+    weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(10))
+    assert row_invariant.pack(weight).panels.dtype == torch.float32
+    with pytest.raises(RuntimeError, match="not bf16 values"):
+        row_invariant.pack(weight, bf16=True)
+
+
+def filled_cache(kv_heads: int, head_dim: int, positions: int, seed: int):
+    """A one-layer panel KV cache holding `positions` random keys and values, and those as [kv, n, d]."""
+    from completion_engine.kv import KVCache
+
+    generator = torch.Generator().manual_seed(seed)
+    cache = KVCache(1, kv_heads, head_dim, positions, torch.float32, CPU, panels=True)
+    keys, values = torch.randn(2, kv_heads, positions, head_dim, generator=generator)
+    cache.write(0, 0, keys, values)
+    return cache, keys, values
+
+
+@pytest.mark.parametrize("kv_heads, group, head_dim", [(3, 3, 64), (2, 1, 40), (1, 4, 16)])
+def test_attention_values_are_those_of_softmax_attention(kv_heads, group, head_dim):
+    cache, keys, values = filled_cache(kv_heads, head_dim, 300, seed=head_dim)
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(12, kv_heads * group, head_dim, generator=generator)
+    lengths = torch.tensor([1, 2, 31, 32, 33, 100, 128, 129, 200, 255, 299, 300])
+    got = row_invariant.attention(q, cache.keys[0], cache.values[0], lengths, head_dim**-0.5)
+    assert got.shape == (12, kv_heads * group * head_dim)
+    for row, length in enumerate(lengths.tolist()):
+        for head in range(kv_heads * group):
+            kv = head // group
+            weights = torch.softmax(q[row, head] @ keys[kv, :length].T * head_dim**-0.5, dim=-1)
+            want = weights @ values[kv, :length]
+            assert torch.allclose(
+                got[row, head * head_dim : (head + 1) * head_dim], want, atol=1e-5, rtol=1e-4
+            )
+
+
+def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_count():
+    cache, _, _ = filled_cache(3, 64, 512, seed=2)
+    q = torch.randn(40, 9, 64, generator=torch.Generator().manual_seed(3))
+    lengths = torch.arange(400, 440)  # 40 causal rows, across a panel boundary
+    together = row_invariant.attention(q, cache.keys[0], cache.values[0], lengths, 0.125)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            alone = [
+                row_invariant.attention(
+                    q[i : i + 1].contiguous(), cache.keys[0], cache.values[0], lengths[i : i + 1], 0.125
+                )
+                for i in range(40)
+            ]
+            assert torch.equal(torch.cat(alone), together)
+            reversed_rows = row_invariant.attention(
+                q.flip(0).contiguous(), cache.keys[0], cache.values[0], lengths.flip(0), 0.125
+            )
+            assert torch.equal(reversed_rows.flip(0), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_attention_refuses_lengths_outside_the_cache():
+    cache, _, _ = filled_cache(1, 16, 128, seed=4)
+    q = torch.randn(1, 1, 16)
+    for bad in (0, 129):
+        with pytest.raises(RuntimeError, match="length is out of range"):
+            row_invariant.attention(q, cache.keys[0], cache.values[0], torch.tensor([bad]), 0.25)
+
+
+def test_a_bf16_checkpoint_in_float32_runs_on_bf16_panels(tiny_target_fp32_bf16_valued, tiny_target_fp32):
+    narrow = DecoderRunner(tiny_target_fp32_bf16_valued.weights, exact=True, capacity=256)
+    wide = DecoderRunner(tiny_target_fp32.weights, exact=True, capacity=256)
+    assert narrow.linears[0].qkv.panels.dtype == narrow.lm_head.panels.dtype == torch.bfloat16
+    assert wide.linears[0].qkv.panels.dtype == torch.float32
+
+
 def test_exact_float32_runners_attend_on_the_kernel(tiny_target_fp32):
     runner = DecoderRunner(tiny_target_fp32.weights, exact=True, capacity=256)
     fast = DecoderRunner(tiny_target_fp32.weights, exact=False, capacity=256)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass
 
 import pytest
@@ -30,6 +31,7 @@ def tokens(count: int, vocab: int, seed: int = 0) -> list[int]:
 PRECISIONS = {
     "bf16": ("tiny_target", {}),
     "fp32-row-invariant": ("tiny_target_fp32", {"row_invariant_kernel": True}),
+    "fp32-row-invariant-bf16-panels": ("tiny_target_fp32_bf16_valued", {"row_invariant_kernel": True}),
     "fp32-torch": ("tiny_target_fp32", {"row_invariant_kernel": False}),
 }
 
@@ -217,8 +219,6 @@ def test_decode_forward_attention_does_not_depend_on_the_other_rows(make_runner)
 
 
 def test_a_cancelled_prefill_keeps_what_it_did_and_a_repeat_costs_nothing(make_runner):
-    import threading
-
     ids = tokens(600, make_runner.vocab, seed=13)
     cancel = threading.Event()
     cancel.set()
@@ -310,22 +310,37 @@ def test_a_tree_needs_parents_before_children():
         TreePlan.of([0], layers=1)
 
 
+class CancelAfter(threading.Event):
+    """A cancel that is set from its (checks + 1)-th look on: the runner looks once a layer."""
+
+    def __init__(self, checks: int) -> None:
+        super().__init__()
+        self.checks = checks
+
+    def is_set(self) -> bool:
+        self.checks -= 1
+        return self.checks < 0
+
+
+def test_a_prefill_cancelled_inside_a_forward_resumes_with_the_bits_of_a_cold_run(make_runner):
+    ids = tokens(600, make_runner.vocab, seed=18)
+    runner = make_runner()
+    layers = runner.shape.n_layers
+    # two whole 128-row forwards, then cancelled after the first layer of the third
+    logits, computed = runner.prefill(ids, CancelAfter(checks=2 * layers + 1))
+    assert logits is None and computed == 2 * PREFILL_ROWS and len(runner) == 2 * PREFILL_ROWS
+    resumed, computed = runner.prefill(ids, threading.Event())
+    cold, _ = make_runner().prefill(ids)
+    assert computed == 600 - 2 * PREFILL_ROWS and torch.equal(resumed, cold)
+
+
 def test_a_cancellable_fast_prefill_stops_between_blocks(tiny_target):
-    """Draft models prefill in fast mode; a warm-up's cancel stops them between blocks of PREFILL_ROWS."""
-    import threading
-
-    class CancelAfter(threading.Event):
-        def __init__(self, checks: int) -> None:
-            super().__init__()
-            self.checks = checks
-
-        def is_set(self) -> bool:
-            self.checks -= 1
-            return self.checks < 0
-
+    """Draft models prefill in fast mode; a warm-up's cancel stops them within a block of PREFILL_ROWS."""
     ids = tokens(600, tiny_target.vocab_size, seed=17)
     runner = DecoderRunner(tiny_target.weights, exact=False, capacity=1024)
-    logits, computed = runner.prefill(ids, CancelAfter(checks=2))  # two blocks, then cancelled
+    layers = runner.shape.n_layers
+    # two blocks, then cancelled after the first layer of the third
+    logits, computed = runner.prefill(ids, CancelAfter(checks=2 * layers + 1))
     assert logits is None and computed == 2 * PREFILL_ROWS and len(runner) == 2 * PREFILL_ROWS
     logits, computed = runner.prefill(ids, threading.Event())  # resumed: the rest, in blocks
     assert computed == 600 - 2 * PREFILL_ROWS and logits.shape == (1, tiny_target.vocab_size)
