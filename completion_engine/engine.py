@@ -285,13 +285,13 @@ class CompletionEngine:
         """Prefill ahead of a request for `context`, so that it finds its KV prefix ready.
 
         Runs the very prefill the request would run (same positions, same row buckets), so the
-        request's output is unchanged; a set `cancel` stops it between forwards, keeping what is
+        request's output is unchanged; a set `cancel` stops it within one layer, keeping what is
         done. Returns the context tokens computed.
         """
         context = self._fit_context(list(context))
         logits, computed = self.target_runner.prefill(context, cancel)
         if self._model_drafter is not None and logits is not None:
-            # after the target (an EAGLE head reads its features); cancelled like it, between blocks
+            # after the target (an EAGLE head reads its features); cancelled like it, within a block
             self._model_drafter.warm(context, cancel)
         return computed
 

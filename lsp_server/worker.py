@@ -7,7 +7,7 @@ concurrent Future; streamed text goes through the job's `on_text` callback.
 
 Warm-ups: when the worker has nothing queued, it prefills the context that the next request at the
 latest edit will need (`WarmJob`, one slot, the newest wins), so that request finds its KV prefix
-ready. Any real request cancels a warm-up between two forwards; what was done stays in the cache.
+ready. Any real request cancels a warm-up within one layer; what was done stays in the cache.
 """
 
 from __future__ import annotations
@@ -94,6 +94,9 @@ class WarmJob:
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
+LOAD_INTERRUPT_WAIT_S = 60.0  # an interrupted load: how long to wait for the loading thread to finish
+
+
 class ModelWorker:
     """Owns the engine; every engine call happens on this worker's thread.
 
@@ -136,11 +139,18 @@ class ModelWorker:
 
     def start(self) -> None:
         self._thread.start()
-        if self._build is not None:
+        if self._build is None:
+            return
+        try:
             self._loaded.wait()
-            if self._load_error is not None:
-                self._thread.join()
-                raise self._load_error
+        except BaseException:  # Ctrl-C while loading: let the thread leave torch before the process exits
+            with self._wake:
+                self._stopping = True  # it returns as soon as the engine is built
+            self._thread.join(LOAD_INTERRUPT_WAIT_S)
+            raise
+        if self._load_error is not None:
+            self._thread.join()
+            raise self._load_error
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the running job (it ends within one verify step) and wait for the thread.
@@ -172,7 +182,7 @@ class ModelWorker:
         """Queue a job, superseding older jobs of the same client and document; ServerBusy when full."""
         self.counters.count(job.asked)
         with self._wake:
-            # a real request goes first: the warm-up stops between two forwards, a pending one is dropped
+            # a real request goes first: the warm-up stops within one layer, a pending one is dropped
             for warm in (self._warm, self._warming):
                 if warm is not None:
                     warm.cancel.set()

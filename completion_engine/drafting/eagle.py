@@ -182,19 +182,26 @@ class EagleDrafter:
         if cancel is not None and cancel.is_set():
             return
         if len(self.runner) == len(context) and len(context) > 1:
-            self._sync(context, len(context) - 1)
+            self._sync(context, len(context) - 1, cancel)
 
     def observe(self, proposed: int, accepted: int) -> None:
         pass  # the tree's size follows the head's own confidence, not the last step
 
-    def _sync(self, context: Sequence[int], slots: int) -> torch.Tensor | None:
-        """Bring the head's slots to pairs 0 .. slots - 1 of context; the last slot's g [1, hidden]."""
+    def _sync(
+        self, context: Sequence[int], slots: int, cancel: threading.Event | None = None
+    ) -> torch.Tensor | None:
+        """Bring the head's slots to pairs 0 .. slots - 1 of context; the last slot's g [1, hidden].
+
+        A set `cancel` stops between blocks of SYNC_ROWS (None then; the slots done are kept).
+        """
         head = self.head
         keep = max(0, min(common_prefix_len(head.tokens, context[: slots + 1]) - 1, head.length, slots - 1))
         head.truncate(keep)
         head.tokens = list(context[: slots + 1])
         predicted = None
         for begin in range(keep, slots, SYNC_ROWS):
+            if cancel is not None and cancel.is_set():
+                return None
             end = min(slots, begin + SYNC_ROWS)
             predicted = head.forward(
                 self.runner.features[begin:end], context[begin + 1 : end + 1], range(begin, end)

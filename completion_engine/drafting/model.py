@@ -68,7 +68,7 @@ class ModelDrafter:
         return full.scatter(0, index, probs)
 
     def warm(self, context: Sequence[int], cancel: threading.Event | None = None) -> None:
-        """Bring the draft's cache to `context` ahead of a request; a set `cancel` stops between blocks."""
+        """Bring the draft's cache to `context` ahead of a request; a set `cancel` stops within a layer."""
         if context:
             self._sync(context, cancel)
 

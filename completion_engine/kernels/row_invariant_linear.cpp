@@ -54,8 +54,10 @@ __attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, co
 
 // e^x for 8 lanes: Cephes' polynomial after a reduction by ln 2 (as in avx_mathfun), clamped below at
 // -87 so that 2^n stays a normal float. Every lane is the same function of its own input.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+// A NaN stays NaN (a diverged model shows as one, not as a dominant weight).
+inline __m256 exp8(__m256 input) {
+  const __m256 nan = _mm256_cmp_ps(input, input, _CMP_UNORD_Q);
+  __m256 x = _mm256_max_ps(_mm256_min_ps(input, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
   const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
   x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
   x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
@@ -67,7 +69,7 @@ inline __m256 exp8(__m256 x) {
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  return _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), input, nan);
 }
 
 // The softmax of one row of scaled scores s[0, length) in place, zeros in [length, padded): a pure
@@ -97,7 +99,8 @@ constexpr int64_t kSlots = 4 * kBlockRows;  // query slots (a row's head) handle
 
 // weight [N, K] -> panels [ceil(N / 32), K, 32]: panel p, row k holds w[32p .. 32p + 31][k] (zero past N).
 torch::Tensor pack(const torch::Tensor& weight) {
-  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32, "pack: a 2-D float32 weight");
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.scalar_type() == torch::kFloat32,
+              "pack: a 2-D float32 CPU weight");
   const auto w = weight.contiguous();
   const int64_t n = w.size(0), k = w.size(1), panels = (n + kPanel - 1) / kPanel;
   auto out = torch::zeros({panels, k, kPanel}, w.options());
@@ -153,6 +156,8 @@ inline void rows_block(const float* xp, int64_t m, int64_t k, const W* panel, in
 // contiguous; n the weight's rows; bias [n] or None.
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, int64_t n,
                      const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(input.device().is_cpu() && panels.device().is_cpu() && (!bias.has_value() || bias->device().is_cpu()),
+              "linear: CPU tensors only");
   TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kFloat32, "linear: a 2-D float32 input");
   const bool narrow = panels.scalar_type() == torch::kBFloat16;
   TORCH_CHECK(narrow || panels.scalar_type() == torch::kFloat32, "linear: float32 or bfloat16 panels");
@@ -200,11 +205,13 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
 //   q [rows, heads, d]; keys [kv_heads, >= ceil(max length / 32), d, 32]; values [kv_heads, ceil(d / 32), >= max length, 32];
 //   lengths [rows] int64: row i attends to keys [0, lengths[i]); heads share a kv head in groups of heads / kv_heads.
 // Every score is the fixed fma chain over d (as linear() makes it), times scale; the softmax is a
-// function of the row's own scores (softmax_row); every output is the fixed fma chain over the keys in
-// order, exact zeros past the row's length adding nothing. So a row's output does not depend on the rows
-// beside it, how many there are, or the threads. -> [rows, heads * d]
+// function of the row's own scores (softmax_row); every output is the fixed fma chain over the row's own
+// keys, in order. Keys and values past a row's length are never used (they may hold anything). So a row's
+// output does not depend on the rows beside it, how many there are, or the threads. -> [rows, heads * d]
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                         const torch::Tensor& lengths, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu() && lengths.device().is_cpu(),
+              "attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "attention: q [rows, heads, d] contiguous float32");
   TORCH_CHECK(keys.dim() == 4 && keys.scalar_type() == torch::kFloat32 && keys.size(2) == q.size(2) && keys.size(3) == kPanel &&
                   keys.stride(3) == 1 && keys.stride(2) == kPanel,
@@ -260,19 +267,31 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
           for (int64_t j = 0; j < kPanel; ++j) probs[s * padded + p * kPanel + j] = acc[s * kPanel + j] * fscale;
       }
       for (int64_t s = 0; s < count; ++s) softmax_row(probs.data() + s * padded, len[(first + s) / group], padded);
-      // outputs: value panel by value panel, chains over the keys in blocks of kBlockK parked in acc
+      // outputs: value panel by value panel, chains over the keys in blocks of kBlockK parked in acc;
+      // each slot's chain ends at its own length (keys past it are never read): a tile of slots
+      // runs the keys all of them see together, then each slot alone runs the rest of its own
       const float* value_head = vp + kv * values.stride(0);
       for (int64_t c = 0; c < value_panels; ++c) {
         const float* panel = value_head + c * values.stride(1);
         for (int64_t k0 = 0; k0 < padded; k0 += kBlockK) {
           const int64_t k1 = std::min(padded, k0 + kBlockK);
           for (int64_t s = 0; s < count; s += kBlockRows) {
+            const int64_t tile = std::min(kBlockRows, count - s);
+            int64_t common = span;
+            for (int64_t i = 0; i < tile; ++i) common = std::min(common, len[(first + s + i) / group]);
             const float* x = probs.data() + s * padded;
             float* a = acc.data() + s * kPanel;
-            switch (std::min(kBlockRows, count - s)) {
-              case 3: micro<3>(x, padded, panel, k0, k1, a, k0 == 0); break;
-              case 2: micro<2>(x, padded, panel, k0, k1, a, k0 == 0); break;
-              default: micro<1>(x, padded, panel, k0, k1, a, k0 == 0); break;
+            const int64_t together = std::min(k1, common);
+            if (k0 < together) {
+              switch (tile) {
+                case 3: micro<3>(x, padded, panel, k0, together, a, k0 == 0); break;
+                case 2: micro<2>(x, padded, panel, k0, together, a, k0 == 0); break;
+                default: micro<1>(x, padded, panel, k0, together, a, k0 == 0); break;
+              }
+            }
+            for (int64_t i = 0; i < tile; ++i) {
+              const int64_t from = std::max(k0, common), to = std::min(k1, len[(first + s + i) / group]);
+              if (from < to) micro<1>(x + i * padded, padded, panel, from, to, a + i * kPanel, from == 0);
             }
           }
         }

@@ -101,6 +101,30 @@ def test_eagle_after_reused_prefixes_and_warmups_equals_plain(one_layer_target):
         assert engine.complete(Request(context=prompt, max_new_tokens=30, draft="model")).tokens == expected
 
 
+def test_a_warm_up_cancelled_while_the_head_catches_up_keeps_what_it_did(one_layer_target):
+    import threading
+
+    from completion_engine.drafting.eagle import SYNC_ROWS
+
+    class CancelAfter(threading.Event):
+        def __init__(self, checks: int) -> None:
+            super().__init__()
+            self.checks = checks
+
+        def is_set(self) -> bool:
+            self.checks -= 1
+            return self.checks < 0
+
+    engine = eagle_engine(one_layer_target, k=8, tree=False)
+    prompt = (random_prompts(one_layer_target.vocab_size, 1, seed=5)[0] * 40)[: SYNC_ROWS + 100]
+    engine.target_runner.prefill(prompt)
+    drafter = engine._model_drafter
+    drafter.warm(prompt, CancelAfter(checks=2))  # its first look, one block of the head, then cancelled
+    assert drafter.head.length == SYNC_ROWS
+    expected = plain(engine, prompt, 30)
+    assert engine.complete(Request(context=prompt, max_new_tokens=30, draft="model")).tokens == expected
+
+
 def test_features_after_a_tree_step_are_those_of_plain_decoding(one_layer_target):
     weights = one_layer_target.weights
     chain = DecoderRunner(weights, exact=True, capacity=512, keep_features=True)

@@ -176,6 +176,34 @@ def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_cou
         torch.set_num_threads(threads)
 
 
+def test_attention_never_reads_past_a_rows_own_keys():
+    # rows of very different lengths share the kernel's tiles; everything past the longest is NaN
+    cache, _, _ = filled_cache(3, 64, 512, seed=6)
+    cache.keys[0, :, 300 // 32 :] = float("nan")  # panels from 288 on; refill 288..299 below
+    cache.values[0, :, :, 288:] = float("nan")
+    keys, values = torch.randn(2, 3, 12, 64, generator=torch.Generator().manual_seed(7))
+    cache.write(0, 288, keys, values)  # positions 288..299 valid again, 300.. NaN
+    q = torch.randn(9, 9, 64, generator=torch.Generator().manual_seed(8))
+    lengths = torch.tensor([300, 1, 150, 33, 299, 2, 64, 65, 200])
+    together = row_invariant.attention(q, cache.keys[0], cache.values[0], lengths, 0.125)
+    assert not torch.isnan(together).any()
+    alone = [
+        row_invariant.attention(
+            q[i : i + 1].contiguous(), cache.keys[0], cache.values[0], lengths[i : i + 1], 0.125
+        )
+        for i in range(9)
+    ]
+    assert torch.equal(torch.cat(alone), together)
+
+
+def test_attention_keeps_a_nan_score_nan():
+    cache, _, _ = filled_cache(1, 16, 128, seed=9)
+    q = torch.full((1, 1, 16), float("nan"))
+    assert torch.isnan(
+        row_invariant.attention(q, cache.keys[0], cache.values[0], torch.tensor([5]), 0.25)
+    ).all()
+
+
 def test_attention_refuses_lengths_outside_the_cache():
     cache, _, _ = filled_cache(1, 16, 128, seed=4)
     q = torch.randn(1, 1, 16)

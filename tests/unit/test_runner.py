@@ -334,7 +334,7 @@ def test_a_prefill_cancelled_inside_a_forward_resumes_with_the_bits_of_a_cold_ru
     assert computed == 600 - 2 * PREFILL_ROWS and torch.equal(resumed, cold)
 
 
-def test_a_cancellable_fast_prefill_stops_between_blocks(tiny_target):
+def test_a_cancellable_fast_prefill_stops_within_a_block(tiny_target):
     """Draft models prefill in fast mode; a warm-up's cancel stops them within a block of PREFILL_ROWS."""
     ids = tokens(600, tiny_target.vocab_size, seed=17)
     runner = DecoderRunner(tiny_target.weights, exact=False, capacity=1024)

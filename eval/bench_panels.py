@@ -1,0 +1,85 @@
+"""bf16 against float32 weight panels on the row-invariant kernel: the same bits, fewer bytes.
+
+    python -m eval.bench_panels [--context 2000] [--threads 1] [--repeats 7]
+
+The embedded model's weights are bf16 values, so row_invariant.pack keeps them in bf16 panels. This
+packs the same weights both ways, prefills the same context of real Python in each runner, then
+alternates the two within each repeat: a decode step (mean of 5) and a verify block of 11 tokens;
+and a whole prefill in the first and the last repeat. It checks that both give the same logits,
+bit for bit, after the prefill and for the verify block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=2000, help="context tokens (default 2000)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from completion_engine import row_invariant
+    from completion_engine.models import load_model
+    from completion_engine.runner import DecoderRunner, decoder_linears
+    from eval.bench_forward import python_tokens
+
+    torch.set_num_threads(args.threads)
+    model = load_model("smollm2-135m", dtype="float32", progress=False)
+    if not row_invariant.usable(torch.float32, torch.device("cpu")):
+        raise SystemExit("the row-invariant kernel is not available on this machine")
+    context = python_tokens(model.tokenizer, args.context)[: args.context]
+    runners = {}
+    original = row_invariant.pack
+    for name, bf16 in (("bf16 panels", None), ("float32 panels", False)):
+        model.weights.packed.clear()  # pack afresh, the chosen way
+        row_invariant.pack = functools.partial(original, bf16=bf16)
+        try:
+            decoder_linears(model.weights, True)
+        finally:
+            row_invariant.pack = original
+        runners[name] = DecoderRunner(model.weights, exact=True, capacity=args.context + 64)
+        model.weights.packed.clear()
+    kinds = {runner.linears[0].qkv.panels.dtype for runner in runners.values()}
+    print(f"context {args.context} tokens, {args.threads} thread(s); panel dtypes {sorted(map(str, kinds))}")
+
+    times: dict[str, list[float]] = {}
+    prefilled: dict[str, torch.Tensor] = {}
+    for repeat in range(args.repeats):
+        for name, runner in runners.items():
+            if repeat == 0 or repeat == args.repeats - 1:
+                runner.truncate(0)
+                started = time.perf_counter()
+                prefilled[name], _ = runner.prefill(context)
+                times.setdefault(f"prefill, {name}", []).append(time.perf_counter() - started)
+            runner.truncate(len(context))
+            started = time.perf_counter()
+            for token in context[:5]:
+                runner.extend([token])
+            times.setdefault(f"decode step, {name}", []).append((time.perf_counter() - started) / 5)
+            runner.truncate(len(context))
+            started = time.perf_counter()
+            runner.extend(context[:11], all_logits=True)
+            times.setdefault(f"verify 11, {name}", []).append(time.perf_counter() - started)
+    for label, values in times.items():
+        print(
+            f"{label:28} best {min(values) * 1e3:9.1f} ms  median {statistics.median(values) * 1e3:9.1f} ms"
+        )
+    logits = []
+    for runner in runners.values():
+        runner.truncate(len(context))
+        logits.append(runner.extend(context[:11], all_logits=True))
+    same = torch.equal(*logits) and torch.equal(*prefilled.values())
+    print("same logits bit for bit (prefill, verify 11):", same)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
