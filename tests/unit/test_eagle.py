@@ -24,6 +24,7 @@ from completion_engine.runner import DecoderRunner
 from completion_engine.types import Request
 from tests.conftest import tiny_loaded
 from tests.unit.test_lossless import corrupted, plain, random_prompts
+from tests.unit.test_runner import CancelAfter
 from tests.unit.test_sampling import next_token_probs, second_tokens, total_variation
 
 
@@ -102,18 +103,7 @@ def test_eagle_after_reused_prefixes_and_warmups_equals_plain(one_layer_target):
 
 
 def test_a_warm_up_cancelled_while_the_head_catches_up_keeps_what_it_did(one_layer_target):
-    import threading
-
     from completion_engine.drafting.eagle import SYNC_ROWS
-
-    class CancelAfter(threading.Event):
-        def __init__(self, checks: int) -> None:
-            super().__init__()
-            self.checks = checks
-
-        def is_set(self) -> bool:
-            self.checks -= 1
-            return self.checks < 0
 
     engine = eagle_engine(one_layer_target, k=8, tree=False)
     prompt = (random_prompts(one_layer_target.vocab_size, 1, seed=5)[0] * 40)[: SYNC_ROWS + 100]
