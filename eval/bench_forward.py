@@ -4,9 +4,10 @@
 
 On a context of real Python (tokens of the standard library, the embedded model), it times:
 - prefill of the whole context: ours (128-row blocks, then 16-row forwards) against one HF forward;
-- one decode step after it: ours (a 16-row forward, attention on the real row) against HF's 1-row
-  step with its KV cache;
-- a verify block of 11 tokens (1 pending + 10 drafted): ours, one 16-row forward;
+- one decode step after it: ours (the smallest row bucket the runner admits: one row on the
+  row-invariant kernel, else a probed bucket of up to 16 rows) against HF's 1-row step with its KV
+  cache;
+- a verify block of 11 tokens (1 pending + 10 drafted): ours, one forward (11 rows on the kernel);
 - the same 11 tokens as a token tree of 1, 2, 3 and 5 root-to-leaf chains (runner.verify_tree):
   what each extra branch of a tree costs.
 Methods alternate within each repeat; the best and the median of the repeats are printed.
