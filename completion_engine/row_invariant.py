@@ -143,6 +143,25 @@ def attention(
     return kernel().attention(q, keys, values, lengths, scale)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [rows, n] / sqrt(mean(x^2) + eps) * weight, each row on its own (a fixed summation order)."""
+    return kernel().rms_norm(x, weight, eps)
+
+
+def rotary(
+    qkv: torch.Tensor, heads: int, kv_heads: int, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary embedding of qkv's [rows, (heads + 2 kv_heads) * d] q and k parts with cos, sin
+    [rows, d], as Llama's rotate_half: -> q [rows, heads, d], k [rows, kv_heads, d]."""
+    q, k = kernel().rotary(qkv, heads, kv_heads, cos, sin)
+    return q, k
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gate_up [rows, 2n] (gate first) -> [rows, n], element by element."""
+    return kernel().silu_mul(gate_up)
+
+
 @dataclass(frozen=True, slots=True)
 class PackedLinear:
     """A Linear's weight packed for the kernel: call it as F.linear(x, weight, bias)."""

@@ -476,8 +476,9 @@ class DecoderRunner:
         pos = torch.full((rows,), start, device=self.device)  # padding rows sit at the first position
         offsets = tree.depths if tree is not None else list(range(n))  # a tree node sits at its depth
         pos[:n] = start + torch.tensor(offsets, dtype=torch.long, device=self.device)
-        cos, sin = self.cos[pos, None, :], self.sin[pos, None, :]  # [rows, 1, head_dim]
+        cos, sin = self.cos[pos], self.sin[pos]  # [rows, head_dim]
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        glue = self.cache.panels  # the small steps on the kernel too: row-invariant, one call each
         if not self.exact:
             calls = []
         elif tree is None:
@@ -490,14 +491,18 @@ class DecoderRunner:
         for index, (layer, linear) in enumerate(zip(self.w.layers, self.linears, strict=True)):
             if cancel is not None and cancel.is_set():  # a warm-up gives way within one layer
                 raise _Cancelled
-            h = rms_norm(x, layer.input_norm, s.rms_eps)
-            qkv = linear.qkv(h)
-            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
-            q = q.view(rows, s.n_heads, s.head_dim)
-            k = k.view(rows, s.n_kv_heads, s.head_dim)
-            q = q * cos + rotate_half(q) * sin
-            k = (k * cos + rotate_half(k) * sin)[:n].transpose(0, 1)  # [kv_head, n, head_dim]
-            v = v.view(rows, s.n_kv_heads, s.head_dim)[:n].transpose(0, 1)
+            if glue:
+                qkv = linear.qkv(row_invariant.rms_norm(x, layer.input_norm, s.rms_eps))
+                q, k = row_invariant.rotary(qkv, s.n_heads, s.n_kv_heads, cos, sin)
+            else:
+                qkv = linear.qkv(rms_norm(x, layer.input_norm, s.rms_eps))
+                q, k, _ = qkv.split((q_size, kv_size, kv_size), dim=-1)
+                q = q.view(rows, s.n_heads, s.head_dim)
+                k = k.view(rows, s.n_kv_heads, s.head_dim)
+                q = q * cos[:, None] + rotate_half(q) * sin[:, None]
+                k = k * cos[:, None] + rotate_half(k) * sin[:, None]
+            k = k[:n].transpose(0, 1)  # [kv_head, n, head_dim]
+            v = qkv[:, q_size + kv_size :].view(rows, s.n_kv_heads, s.head_dim)[:n].transpose(0, 1)
             attn = q.new_zeros(rows, s.n_heads * s.head_dim)  # padding rows of the forward stay zero
             if tree is not None:
                 # Each root-to-leaf chain in turn is written where plain decoding keeps it, and the
@@ -513,9 +518,14 @@ class DecoderRunner:
                 else:
                     attn = self._sdpa_attention(index, q, start, n)
             x = x + linear.out(attn)  # [rows, n_heads * head_dim] -> [rows, hidden]
-            h = rms_norm(x, layer.post_norm, s.rms_eps)
-            gate, up = linear.gate_up(h).chunk(2, dim=-1)
-            x = x + linear.down(F.silu(gate) * up)
+            if glue:
+                act = row_invariant.silu_mul(
+                    linear.gate_up(row_invariant.rms_norm(x, layer.post_norm, s.rms_eps))
+                )
+            else:
+                gate, up = linear.gate_up(rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
+                act = F.silu(gate) * up
+            x = x + linear.down(act)
         self.forwards += 1
         return x
 

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -306,6 +307,124 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
   return out;
 }
 
+// The small per-layer steps of the exact forward on this kernel, each a fixed function of its own row
+// (and, where it says, of its own element): one call each instead of several torch ops, so a 1-row
+// decode step spends its time in the matmuls rather than in dispatch.
+
+// A row's sum of squares: 8 lanes over whole blocks of 8, the lanes added in a fixed tree, then the
+// tail in order. A function of the row alone.
+inline float sum_of_squares(const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; i < n; ++i) total = std::fma(x[i], x[i], total);
+  return total;
+}
+
+// y = x / sqrt(mean(x^2) + eps) * w, row by row: x [rows, n] float32, w [n].
+torch::Tensor rms_norm(const torch::Tensor& input, const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(input.device().is_cpu() && weight.device().is_cpu(), "rms_norm: CPU tensors only");
+  TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32 &&
+                  weight.numel() == input.size(1),
+              "rms_norm: x [rows, n] and weight [n], float32");
+  const auto x = input.contiguous();
+  const auto w = weight.contiguous();
+  const int64_t rows = x.size(0), n = x.size(1);
+  auto y = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const float feps = static_cast<float>(eps);
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = xp + r * n;
+      const float scale = 1.0f / std::sqrt(sum_of_squares(xr, n) / static_cast<float>(n) + feps);
+      float* yr = yp + r * n;
+      for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] * scale) * wp[i];
+    }
+  });
+  return y;
+}
+
+// Rotary position embedding of the q and k parts of a qkv projection [rows, (heads + 2 kv_heads) * d]
+// with cos, sin [rows, d]: each element x[i] * cos[i] + (i < d/2 ? -x[i + d/2] : x[i - d/2]) * sin[i].
+// -> q [rows, heads, d], k [rows, kv_heads, d] (new tensors); v stays where it is in qkv.
+std::vector<torch::Tensor> rotary(const torch::Tensor& input, int64_t heads, int64_t kv_heads, const torch::Tensor& cos,
+                                  const torch::Tensor& sin) {
+  TORCH_CHECK(input.device().is_cpu() && cos.device().is_cpu() && sin.device().is_cpu(), "rotary: CPU tensors only");
+  TORCH_CHECK(cos.dim() == 2 && sin.sizes() == cos.sizes() && cos.scalar_type() == torch::kFloat32 &&
+                  sin.scalar_type() == torch::kFloat32 && cos.size(1) % 2 == 0,
+              "rotary: cos and sin [rows, d] float32, d even");
+  const int64_t rows = cos.size(0), d = cos.size(1), half = d / 2;
+  TORCH_CHECK(input.dim() == 2 && input.scalar_type() == torch::kFloat32 && input.size(0) == rows &&
+                  input.size(1) == (heads + 2 * kv_heads) * d,
+              "rotary: qkv [rows, (heads + 2 kv_heads) * d] float32");
+  const auto x = input.contiguous();
+  const auto c = cos.contiguous();
+  const auto sn = sin.contiguous();
+  auto q = torch::empty({rows, heads, d}, x.options());
+  auto k = torch::empty({rows, kv_heads, d}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* cp = c.data_ptr<float>();
+  const float* sp = sn.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  float* kp = k.data_ptr<float>();
+  const int64_t width = x.size(1);
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* cr = cp + r * d;
+      const float* sr = sp + r * d;
+      for (int64_t h = 0; h < heads + kv_heads; ++h) {
+        const float* xh = xp + r * width + h * d;
+        float* out = h < heads ? qp + (r * heads + h) * d : kp + (r * kv_heads + h - heads) * d;
+        for (int64_t i = 0; i < half; ++i) out[i] = xh[i] * cr[i] + (-xh[i + half]) * sr[i];
+        for (int64_t i = half; i < d; ++i) out[i] = xh[i] * cr[i] + xh[i - half] * sr[i];
+      }
+    }
+  });
+  return {q, k};
+}
+
+// silu(gate) * up of a gate_up projection [rows, 2n] (gate first): each element from its own pair, with
+// silu(g) = g / (1 + e^-g) on exp8 (the tail of a row through the same 8-lane code). -> [rows, n]
+torch::Tensor silu_mul(const torch::Tensor& input) {
+  TORCH_CHECK(input.device().is_cpu() && input.dim() == 2 && input.scalar_type() == torch::kFloat32 &&
+                  input.size(1) % 2 == 0,
+              "silu_mul: gate_up [rows, 2n] float32 on the CPU");
+  const auto x = input.contiguous();
+  const int64_t rows = x.size(0), n = x.size(1) / 2;
+  auto y = torch::empty({rows, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    alignas(32) float gate[8], up[8], out[8];
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* gr = xp + r * 2 * n;
+      const float* ur = gr + n;
+      float* yr = yp + r * n;
+      for (int64_t i = 0; i < n; i += 8) {
+        const int64_t m = std::min<int64_t>(8, n - i);
+        std::fill(gate, gate + 8, 0.0f);
+        std::fill(up, up + 8, 0.0f);
+        std::copy(gr + i, gr + i + m, gate);
+        std::copy(ur + i, ur + i + m, up);
+        const __m256 g = _mm256_load_ps(gate);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_store_ps(out, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_load_ps(up)));
+        std::copy(out, out + m, yr + i);
+      }
+    }
+  });
+  return y;
+}
+
 // Both release the GIL while they compute, as torch's own ops do: the language server's event loop
 // and other Python threads keep running while the model worker multiplies.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
@@ -314,6 +433,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("pack_bf16", &pack_bf16, "weight [N, K] of bf16 values -> bfloat16 panels [ceil(N / 32), K, 32]",
              pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("linear", &linear, "x [M, K] @ weight.T (+ bias), each output one fixed fma chain",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("rms_norm", &rms_norm, "x / sqrt(mean(x^2) + eps) * weight, row by row",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("rotary", &rotary, "rotary embedding of qkv's q and k parts -> (q, k)",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("silu_mul", &silu_mul, "silu(gate) * up of a gate_up projection",
              pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("attention", &attention, "causal attention over panel-layout keys and values, row-invariant",
              pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -219,6 +219,60 @@ def test_a_bf16_checkpoint_in_float32_runs_on_bf16_panels(tiny_target_fp32_bf16_
     assert wide.linears[0].qkv.panels.dtype == torch.float32
 
 
+def rows_alone_and_together(fn, *row_inputs: torch.Tensor) -> None:
+    """fn on all rows equals fn row by row, bit for bit, on one and two threads."""
+    together = fn(*row_inputs)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for i in range(row_inputs[0].shape[0]):
+                alone = fn(*(t[i : i + 1].contiguous() for t in row_inputs))
+                parts = alone if isinstance(alone, (tuple, list)) else (alone,)
+                whole = together if isinstance(together, (tuple, list)) else (together,)
+                for a, b in zip(parts, whole, strict=True):
+                    assert torch.equal(a[0], b[i]), f"row {i} on {count} threads"
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("width", [576, 37, 8])
+def test_rms_norm_values_and_row_bits(width):
+    from completion_engine.runner import rms_norm
+
+    generator = torch.Generator().manual_seed(width)
+    x, weight = torch.randn(20, width, generator=generator), torch.randn(width, generator=generator)
+    got = row_invariant.rms_norm(x, weight, 1e-5)
+    assert torch.allclose(got, rms_norm(x, weight, 1e-5), atol=1e-5, rtol=1e-5)
+    rows_alone_and_together(lambda rows: row_invariant.rms_norm(rows, weight, 1e-5), x)
+
+
+def test_rotary_values_and_row_bits():
+    from completion_engine.runner import rotate_half
+
+    generator = torch.Generator().manual_seed(11)
+    heads, kv_heads, d = 9, 3, 64
+    qkv = torch.randn(20, (heads + 2 * kv_heads) * d, generator=generator)
+    cos, sin = torch.randn(2, 20, d, generator=generator)
+    q, k = row_invariant.rotary(qkv, heads, kv_heads, cos, sin)
+    q_in = qkv[:, : heads * d].view(20, heads, d)
+    k_in = qkv[:, heads * d : (heads + kv_heads) * d].view(20, kv_heads, d)
+    for got, x in ((q, q_in), (k, k_in)):
+        want = x * cos[:, None] + rotate_half(x) * sin[:, None]
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    rows_alone_and_together(lambda a, c, s: row_invariant.rotary(a, heads, kv_heads, c, s), qkv, cos, sin)
+
+
+@pytest.mark.parametrize("width", [1536, 13])
+def test_silu_mul_values_and_row_bits(width):
+    generator = torch.Generator().manual_seed(width)
+    gate_up = torch.randn(20, 2 * width, generator=generator) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    got = row_invariant.silu_mul(gate_up)
+    assert torch.allclose(got, F.silu(gate) * up, atol=1e-5, rtol=1e-5)
+    rows_alone_and_together(row_invariant.silu_mul, gate_up)
+
+
 def test_exact_float32_runners_attend_on_the_kernel(tiny_target_fp32):
     runner = DecoderRunner(tiny_target_fp32.weights, exact=True, capacity=256)
     fast = DecoderRunner(tiny_target_fp32.weights, exact=False, capacity=256)
