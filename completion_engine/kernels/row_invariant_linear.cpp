@@ -409,15 +409,18 @@ torch::Tensor silu_mul(const torch::Tensor& input) {
       const float* gr = xp + r * 2 * n;
       const float* ur = gr + n;
       float* yr = yp + r * n;
-      for (int64_t i = 0; i < n; i += 8) {
-        const int64_t m = std::min<int64_t>(8, n - i);
+      const auto silu_times = [&](__m256 g, __m256 u) {
+        return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g)))), u);
+      };
+      int64_t i = 0;
+      for (; i + 8 <= n; i += 8) _mm256_storeu_ps(yr + i, silu_times(_mm256_loadu_ps(gr + i), _mm256_loadu_ps(ur + i)));
+      if (i < n) {  // the tail through the same lanes
+        const int64_t m = n - i;
         std::fill(gate, gate + 8, 0.0f);
         std::fill(up, up + 8, 0.0f);
         std::copy(gr + i, gr + i + m, gate);
         std::copy(ur + i, ur + i + m, up);
-        const __m256 g = _mm256_load_ps(gate);
-        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        _mm256_store_ps(out, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_load_ps(up)));
+        _mm256_store_ps(out, silu_times(_mm256_load_ps(gate), _mm256_load_ps(up)));
         std::copy(out, out + m, yr + i);
       }
     }

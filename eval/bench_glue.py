@@ -1,0 +1,86 @@
+"""The layer's small steps as kernel calls against the same steps as torch ops, in one process.
+
+    python -m eval.bench_glue [--context 2000] [--threads 1] [--repeats 5]
+
+On the row-invariant kernel's path the runner normalises, applies the rotary embedding and the SiLU
+gate with row_invariant.rms_norm / rotary / silu_mul (three calls a layer). This swaps in the torch
+ops the other paths use (some 25 a layer; their bits differ, so only speed is compared) and
+alternates the two within each repeat: a decode step (mean of 5) and a verify block of 11 tokens
+after a context of real Python; and a whole prefill in the first and the last repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=2000, help="context tokens (default 2000)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+
+    from completion_engine import row_invariant
+    from completion_engine.models import load_model
+    from completion_engine.runner import DecoderRunner, rms_norm, rotate_half
+    from eval.bench_forward import python_tokens
+
+    def torch_rotary(qkv, heads, kv_heads, cos, sin):
+        rows, d = qkv.shape[0], cos.shape[1]
+        q = qkv[:, : heads * d].view(rows, heads, d)
+        k = qkv[:, heads * d : (heads + kv_heads) * d].view(rows, kv_heads, d)
+        return q * cos[:, None] + rotate_half(q) * sin[:, None], k * cos[:, None] + rotate_half(k) * sin[
+            :, None
+        ]
+
+    def torch_silu_mul(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    steps = {
+        "kernel calls": (row_invariant.rms_norm, row_invariant.rotary, row_invariant.silu_mul),
+        "torch ops": (rms_norm, torch_rotary, torch_silu_mul),
+    }
+    torch.set_num_threads(args.threads)
+    model = load_model("smollm2-135m", dtype="float32", progress=False)
+    if not row_invariant.usable(torch.float32, torch.device("cpu")):
+        raise SystemExit("the row-invariant kernel is not available on this machine")
+    context = python_tokens(model.tokenizer, args.context)[: args.context]
+    runner = DecoderRunner(model.weights, exact=True, capacity=args.context + 64)
+    print(f"context {args.context} tokens, {args.threads} thread(s)")
+    times: dict[str, list[float]] = {}
+    try:
+        for repeat in range(args.repeats):
+            for name, (norm, rotary, silu_mul) in steps.items():
+                row_invariant.rms_norm, row_invariant.rotary, row_invariant.silu_mul = norm, rotary, silu_mul
+                if repeat == 0 or repeat == args.repeats - 1:
+                    runner.truncate(0)
+                    started = time.perf_counter()
+                    runner.prefill(context)
+                    times.setdefault(f"prefill, {name}", []).append(time.perf_counter() - started)
+                runner.truncate(len(context))
+                started = time.perf_counter()
+                for token in context[:5]:
+                    runner.extend([token])
+                times.setdefault(f"decode step, {name}", []).append((time.perf_counter() - started) / 5)
+                runner.truncate(len(context))
+                started = time.perf_counter()
+                runner.extend(context[:11], all_logits=True)
+                times.setdefault(f"verify 11, {name}", []).append(time.perf_counter() - started)
+    finally:
+        row_invariant.rms_norm, row_invariant.rotary, row_invariant.silu_mul = steps["kernel calls"]
+    for label, values in times.items():
+        print(
+            f"{label:26} best {min(values) * 1e3:9.1f} ms  median {statistics.median(values) * 1e3:9.1f} ms"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
