@@ -12,8 +12,6 @@ after a context of real Python; and a whole prefill in the first and the last re
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from completion_engine.models import load_model
     from completion_engine.runner import DecoderRunner, rms_norm, rotate_half
     from eval.bench_forward import python_tokens
+    from eval.step_timing import print_times, time_repeat
 
     def torch_rotary(qkv, heads, kv_heads, cos, sin):
         rows, d = qkv.shape[0], cos.shape[1]
@@ -59,26 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for name, (norm, rotary, silu_mul) in steps.items():
                 row_invariant.rms_norm, row_invariant.rotary, row_invariant.silu_mul = norm, rotary, silu_mul
-                if repeat == 0 or repeat == args.repeats - 1:
-                    runner.truncate(0)
-                    started = time.perf_counter()
-                    runner.prefill(context)
-                    times.setdefault(f"prefill, {name}", []).append(time.perf_counter() - started)
-                runner.truncate(len(context))
-                started = time.perf_counter()
-                for token in context[:5]:
-                    runner.extend([token])
-                times.setdefault(f"decode step, {name}", []).append((time.perf_counter() - started) / 5)
-                runner.truncate(len(context))
-                started = time.perf_counter()
-                runner.extend(context[:11], all_logits=True)
-                times.setdefault(f"verify 11, {name}", []).append(time.perf_counter() - started)
+                time_repeat(runner, context, name, times, prefill=repeat in (0, args.repeats - 1))
     finally:
         row_invariant.rms_norm, row_invariant.rotary, row_invariant.silu_mul = steps["kernel calls"]
-    for label, values in times.items():
-        print(
-            f"{label:26} best {min(values) * 1e3:9.1f} ms  median {statistics.median(values) * 1e3:9.1f} ms"
-        )
+    print_times(times)
     return 0
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from completion_engine.models import load_model
     from completion_engine.runner import DecoderRunner, decoder_linears
     from eval.bench_forward import python_tokens
+    from eval.step_timing import print_times, time_repeat
 
     torch.set_num_threads(args.threads)
     model = load_model("smollm2-135m", dtype="float32", progress=False)
@@ -54,24 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     prefilled: dict[str, torch.Tensor] = {}
     for repeat in range(args.repeats):
         for name, runner in runners.items():
-            if repeat == 0 or repeat == args.repeats - 1:
-                runner.truncate(0)
-                started = time.perf_counter()
-                prefilled[name], _ = runner.prefill(context)
-                times.setdefault(f"prefill, {name}", []).append(time.perf_counter() - started)
-            runner.truncate(len(context))
-            started = time.perf_counter()
-            for token in context[:5]:
-                runner.extend([token])
-            times.setdefault(f"decode step, {name}", []).append((time.perf_counter() - started) / 5)
-            runner.truncate(len(context))
-            started = time.perf_counter()
-            runner.extend(context[:11], all_logits=True)
-            times.setdefault(f"verify 11, {name}", []).append(time.perf_counter() - started)
-    for label, values in times.items():
-        print(
-            f"{label:28} best {min(values) * 1e3:9.1f} ms  median {statistics.median(values) * 1e3:9.1f} ms"
-        )
+            logits = time_repeat(runner, context, name, times, prefill=repeat in (0, args.repeats - 1))
+            if logits is not None:
+                prefilled[name] = logits
+    print_times(times)
     logits = []
     for runner in runners.values():
         runner.truncate(len(context))

@@ -1,0 +1,38 @@
+"""Timings shared by the kernel benchmarks (bench_panels, bench_glue): one repeat on one runner."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def time_repeat(runner, context: list[int], label: str, times: dict[str, list[float]], prefill: bool):
+    """Time on `runner` (a DecoderRunner): a whole prefill of `context` when `prefill`, then after the
+    context a decode step (mean of 5) and a verify block of 11 tokens; add them to times[kind, label].
+
+    Returns the prefill's logits (None without a prefill); the runner's cache is left at the context.
+    """
+    logits = None
+    if prefill:
+        runner.truncate(0)
+        started = time.perf_counter()
+        logits, _ = runner.prefill(context)
+        times.setdefault(f"prefill, {label}", []).append(time.perf_counter() - started)
+    runner.truncate(len(context))
+    started = time.perf_counter()
+    for token in context[:5]:
+        runner.extend([token])
+    times.setdefault(f"decode step, {label}", []).append((time.perf_counter() - started) / 5)
+    runner.truncate(len(context))
+    started = time.perf_counter()
+    runner.extend(context[:11], all_logits=True)
+    times.setdefault(f"verify 11, {label}", []).append(time.perf_counter() - started)
+    runner.truncate(len(context))
+    return logits
+
+
+def print_times(times: dict[str, list[float]]) -> None:
+    width = max(map(len, times)) + 2
+    for label, values in times.items():
+        best, median = min(values) * 1e3, statistics.median(values) * 1e3
+        print(f"{label:{width}} best {best:9.1f} ms  median {median:9.1f} ms")
