@@ -554,10 +554,7 @@ class DecoderRunner:
         if self.cache.panels:  # on the kernel a row's attention depends on nothing else: one call
             row_ids = [row for row, _ in entries]
             lengths = torch.tensor([length for _, length in entries], device=self.device)
-            contiguous = row_ids == list(range(row_ids[0], row_ids[0] + len(row_ids)))
-            index = None if contiguous else torch.tensor(row_ids, device=self.device)
-            return [AttentionCall(row_ids[0], len(row_ids), 0, None, index, lengths)]
-        padding = True
+            return [AttentionCall(row_ids[0], len(row_ids), 0, None, self._row_index(row_ids), lengths)]
         call_rows = KEY_BUCKET if rows == PREFILL_ROWS else DECODE_ATTENTION_ROWS
         calls = []
         first = 0
@@ -567,19 +564,22 @@ class DecoderRunner:
             while last < len(entries) and last - first < call_rows and entries[last][1] <= padded:
                 last += 1
             here = entries[first:last]
-            padding_rows = call_rows - len(here) if padding else 0
-            lengths = [length for _, length in here] + [here[0][1]] * padding_rows
+            lengths = [length for _, length in here] + [here[0][1]] * (call_rows - len(here))
             row_lengths = torch.tensor(lengths, device=self.device)
             hidden_keys = torch.arange(padded, device=self.device)[None, :] >= row_lengths[:, None]
             mask = torch.zeros(len(lengths), padded, device=self.device).masked_fill_(
                 hidden_keys, float("-inf")
             )
             row_ids = [row for row, _ in here]
-            contiguous = row_ids == list(range(row_ids[0], row_ids[0] + len(row_ids)))
-            index = None if contiguous else torch.tensor(row_ids, device=self.device)
-            calls.append(AttentionCall(row_ids[0], len(here), padded, mask, index))
+            calls.append(AttentionCall(row_ids[0], len(here), padded, mask, self._row_index(row_ids)))
             first = last
         return calls
+
+    def _row_index(self, row_ids: list[int]) -> torch.Tensor | None:
+        """The forward's rows of a call as an index, or None when they are first..first + n."""
+        if row_ids == list(range(row_ids[0], row_ids[0] + len(row_ids))):
+            return None
+        return torch.tensor(row_ids, device=self.device)
 
     def _bucketed_attention(
         self, layer: int, q: torch.Tensor, calls: list[AttentionCall], out: torch.Tensor

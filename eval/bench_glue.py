@@ -25,10 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
 
     from completion_engine import row_invariant
-    from completion_engine.models import load_model
     from completion_engine.runner import DecoderRunner, rms_norm, rotate_half
-    from eval.bench_forward import python_tokens
-    from eval.step_timing import print_times, time_repeat
+    from eval.step_timing import embedded_float32, print_times, time_repeat
 
     def torch_rotary(qkv, heads, kv_heads, cos, sin):
         rows, d = qkv.shape[0], cos.shape[1]
@@ -47,10 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch ops": (rms_norm, torch_rotary, torch_silu_mul),
     }
     torch.set_num_threads(args.threads)
-    model = load_model("smollm2-135m", dtype="float32", progress=False)
-    if not row_invariant.usable(torch.float32, torch.device("cpu")):
-        raise SystemExit("the row-invariant kernel is not available on this machine")
-    context = python_tokens(model.tokenizer, args.context)[: args.context]
+    model, context = embedded_float32(args.context)
     runner = DecoderRunner(model.weights, exact=True, capacity=args.context + 64)
     print(f"context {args.context} tokens, {args.threads} thread(s)")
     times: dict[str, list[float]] = {}

@@ -25,16 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from completion_engine import row_invariant
-    from completion_engine.models import load_model
     from completion_engine.runner import DecoderRunner, decoder_linears
-    from eval.bench_forward import python_tokens
-    from eval.step_timing import print_times, time_repeat
+    from eval.step_timing import embedded_float32, print_times, time_repeat
 
     torch.set_num_threads(args.threads)
-    model = load_model("smollm2-135m", dtype="float32", progress=False)
-    if not row_invariant.usable(torch.float32, torch.device("cpu")):
-        raise SystemExit("the row-invariant kernel is not available on this machine")
-    context = python_tokens(model.tokenizer, args.context)[: args.context]
+    model, context = embedded_float32(args.context)
     runners = {}
     original = row_invariant.pack
     for name, bf16 in (("bf16 panels", None), ("float32 panels", False)):

@@ -6,6 +6,21 @@ import statistics
 import time
 
 
+def embedded_float32(context_len: int):
+    """The embedded model in float32 and `context_len` tokens of real Python; exits where the
+    row-invariant kernel cannot run."""
+    import torch
+
+    from completion_engine import row_invariant
+    from completion_engine.models import load_model
+    from eval.bench_forward import python_tokens
+
+    model = load_model("smollm2-135m", dtype="float32", progress=False)
+    if not row_invariant.usable(torch.float32, torch.device("cpu")):
+        raise SystemExit("the row-invariant kernel is not available on this machine")
+    return model, python_tokens(model.tokenizer, context_len)[:context_len]
+
+
 def time_repeat(runner, context: list[int], label: str, times: dict[str, list[float]], prefill: bool):
     """Time on `runner` (a DecoderRunner): a whole prefill of `context` when `prefill`, then after the
     context a decode step (mean of 5) and a verify block of 11 tokens; add them to times[kind, label].
