@@ -19,6 +19,9 @@ class EngineConfig:
     # the cost of one more row in a verify forward, in 1-row steps: None times it when the engine
     # loads; drafts are cut to the size that pays at that cost (draft_budget.py); 0 never cuts them
     row_cost: float | None = None
+    # the cost of one token from the draft model (or EAGLE head), in 1-row target steps: None times it
+    # when the engine loads; model drafts are sized before drafting at row_cost + draft_cost a token
+    draft_cost: float | None = None
     ngram_min: int = 2  # shortest n-gram that may produce a draft
     ngram_max: int = 8  # longest n-gram the matcher tries to extend to
     hybrid_min_match: int = 3  # hybrid: an n-gram match this long wins over the draft model

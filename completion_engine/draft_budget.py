@@ -18,6 +18,12 @@ and the budget keeps the k that maximises E(k) / c(k + 1). A kind whose drafts d
 k = 0, but still drafts one token every EXPLORE-th step, so that a change is noticed. Trees keep
 their first k nodes (they come best first). Any k gives the same output: only the speed changes.
 
+Free drafts (n-gram look-ups) are made whole and then trimmed. A draft model's tokens cost a
+forward each, `draft_cost` of a target step (timed once per engine, `measure_draft_cost`), so they
+are sized before drafting (`plan`), with each token costing ratio + draft_cost: a token trimmed
+after it was drafted would be paid for and thrown away. (Before this, on an AVX2 CPU, the default
+hybrid drafting ran at 0.97x plain decoding: model drafts of up to 5 tokens cut to 1 by the trim.)
+
 Worked example, ratio 0.2, q = 0.5 at every depth: E(1) / c(2) = 1.5 / 1.2 = 1.25,
 E(2) / c(3) = 1.75 / 1.4 = 1.25, E(3) / c(4) = 1.875 / 1.6 = 1.17: k = 1 (the first best).
 """
@@ -34,6 +40,7 @@ FORGET = 0.97  # weight left to past steps after each new one (about the last 30
 PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejected) at each depth: q starts at 0.5
 EXPLORE = 8  # a kind with k = 0 still drafts one token every EXPLORE-th step
 MATCH_CLASSES = (3, 5, 8)  # n-gram match lengths below 3, 3-4, 5-7, 8 and more learn apart
+MODEL = "model"  # the source, and kind, of drafts from a draft model or head: sized by plan()
 
 
 def draft_kind(draft: Draft) -> str:
@@ -98,23 +105,29 @@ class Acceptance:
 
 
 class DraftBudget:
-    """Trims each draft to the size that pays on this machine, and learns from what was accepted."""
+    """Sizes each draft to what pays on this machine, and learns from what was accepted."""
 
-    def __init__(self, ratio: float) -> None:
+    def __init__(self, ratio: float, draft_cost: float = 0.0) -> None:
         self.ratio = max(ratio, 0.0)  # the cost of one more row, in 1-row steps
+        self.draft_cost = max(draft_cost, 0.0)  # the cost of drafting one token with the model, likewise
         self._kinds: dict[str, Acceptance] = {}
         self._steps: dict[str, int] = {}
 
+    def plan(self, most: int) -> int:
+        """How many tokens (or tree nodes) the draft model should draft now, at most `most`."""
+        cost = self.ratio + self.draft_cost
+        if most <= 0 or cost == 0.0:
+            return max(most, 0)
+        return self._size(MODEL, most, cost)
+
     def trim(self, draft: Draft) -> Draft:
-        """The draft cut to its best size: its first k tokens (a chain) or nodes (a tree)."""
-        if not draft.tokens or self.ratio == 0.0:
+        """The draft cut to its best size: its first k tokens (a chain) or nodes (a tree).
+
+        Model drafts pass unchanged: plan() sized them before they were made.
+        """
+        if not draft.tokens or self.ratio == 0.0 or draft.source == MODEL:
             return draft
-        kind = draft_kind(draft)
-        chances = self._kinds.setdefault(kind, Acceptance()).chances(len(draft.tokens))
-        k = best_k(chances, self.ratio)
-        self._steps[kind] = self._steps.get(kind, 0) + 1
-        if k == 0 and self._steps[kind] % EXPLORE == 0:
-            k = 1
+        k = self._size(draft_kind(draft), len(draft.tokens), self.ratio)
         if k >= len(draft.tokens):
             return draft
         if k == 0:  # nothing to verify: a plain step, not an empty tree
@@ -127,6 +140,14 @@ class DraftBudget:
         """The target kept `accepted` of the `drafted` tokens verified from `draft` (after trim)."""
         if drafted:
             self._kinds.setdefault(draft_kind(draft), Acceptance()).observe(drafted, accepted)
+
+    def _size(self, kind: str, most: int, cost: float) -> int:
+        """The best k <= most for this kind at `cost` per token; 1 on every EXPLORE-th step of a k of 0."""
+        k = best_k(self._kinds.setdefault(kind, Acceptance()).chances(most), cost)
+        self._steps[kind] = self._steps.get(kind, 0) + 1
+        if k == 0 and self._steps[kind] % EXPLORE == 0:
+            k = 1
+        return k
 
 
 def tree_depth(parents: list[int]) -> int:
@@ -141,20 +162,26 @@ def tree_depth(parents: list[int]) -> int:
     return max(depths, default=0)
 
 
+def best_time(run: Callable[[], None], trials: int = 3) -> float:
+    """The best of `trials` timings of run(), after one untimed warm-up call."""
+    run()
+    timings = []
+    for _ in range(trials):
+        started = time.perf_counter()
+        run()
+        timings.append(time.perf_counter() - started)
+    return min(timings)
+
+
 def measure_row_cost(forward: Callable[[int], None], rows: int = 16, trials: int = 3) -> float:
     """The cost of one more row of a decode forward, in 1-row forwards: (t(rows) / t(1) - 1) / (rows - 1).
 
     forward(n) runs one forward of n rows; the best of `trials` timings of each counts.
     """
+    one = best_time(lambda: forward(1), trials)
+    return max(best_time(lambda: forward(rows), trials) / one - 1.0, 0.0) / (rows - 1)
 
-    def best(n: int) -> float:
-        forward(n)  # warm-up
-        timings = []
-        for _ in range(trials):
-            started = time.perf_counter()
-            forward(n)
-            timings.append(time.perf_counter() - started)
-        return min(timings)
 
-    one = best(1)
-    return max(best(rows) / one - 1.0, 0.0) / (rows - 1)
+def measure_draft_cost(draft_token: Callable[[], None], step: Callable[[], None], trials: int = 3) -> float:
+    """The cost of one draft-model token in target steps: t(draft_token) / t(step), best of `trials` each."""
+    return best_time(draft_token, trials) / best_time(step, trials)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from completion_engine.config import EngineConfig
-from completion_engine.draft_budget import DraftBudget, measure_row_cost, tree_depth
+from completion_engine.draft_budget import DraftBudget, best_time, measure_row_cost, tree_depth
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
 from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
@@ -101,7 +101,7 @@ class CompletionEngine:
             row_cost = measure_row_cost(self._probe_forward, rows=min(DECODE_ROWS, config.max_draft + 1))
             self.target_runner.truncate(0)
             logger.info("verify forwards: one more row costs %.2f of a 1-row step", row_cost)
-        self.budget = DraftBudget(row_cost)
+        self.budget = DraftBudget(row_cost)  # its draft_cost is timed below, once a model drafter exists
         self.corpus = DocumentCorpus(config.ngram_min)
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
         self._model_drafter: ModelDrafter | EagleDrafter | None = None
@@ -109,13 +109,23 @@ class CompletionEngine:
         self._outputs = 0  # completions kept in the corpus so far (see _keep_output)
         if eagle:
             tree = TreeSettings() if config.exact and config.eagle_tree else None  # the exact verifier
-            self._model_drafter = EagleDrafter(self.target_runner, draft, config.draft_min_prob, tree)
+            self._model_drafter = EagleDrafter(
+                self.target_runner, draft, config.draft_min_prob, tree, self.budget.plan
+            )
         elif draft is not None:
             check_compatible(target, draft)
             draft_runner = DecoderRunner(draft.weights, exact=False, capacity=capacity)
             self._model_drafter = ModelDrafter(
-                draft_runner, config.draft_min_prob, config.max_draft, draft.vocab_map, target.vocab_size
+                draft_runner, config.draft_min_prob, draft.vocab_map, target.vocab_size, self.budget.plan
             )
+        if self._model_drafter is not None and config.max_draft > 0:
+            draft_cost = config.draft_cost
+            if draft_cost is None:
+                step = best_time(lambda: self._probe_forward(1))
+                draft_cost = self._model_drafter.token_seconds() / step
+                self.target_runner.truncate(0)
+                logger.info("a draft-model token costs %.2f of a 1-row target step", draft_cost)
+            self.budget.draft_cost = max(draft_cost, 0.0)
 
     def _probe_forward(self, rows: int) -> None:
         """One decode forward of `rows` rows after a short context: what the draft budget is timed on."""
@@ -259,8 +269,7 @@ class CompletionEngine:
                     kept = drafted[:accepted]
                 accepted = len(kept)
                 self._record_step(stats, source, len(drafted), accepted)
-                if drafter is not None and drafted:
-                    drafter.observe(len(drafted), accepted)
+                if drafted:
                     # a tree's nodes sit at depths: what was tried is its depth, as for a chain's tokens
                     self.budget.observe(draft, tree_depth(draft.parents) if tree else len(drafted), accepted)
                 chunk = self._accept(

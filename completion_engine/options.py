@@ -41,7 +41,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         type=float,
         default=None,
         help="cost of one more verify row in 1-row steps, which sizes drafts (default: timed when the "
-        "model loads; 0 never cuts drafts)",
+        "model loads; 0 never cuts n-gram drafts)",
+    )
+    parser.add_argument(
+        "--draft-cost",
+        type=float,
+        default=None,
+        help="cost of one draft-model token in 1-row target steps, which sizes model drafts together "
+        "with --row-cost (default: timed when the model loads)",
     )
     parser.add_argument(
         "--max-context",
@@ -66,6 +73,7 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
         exact=not args.inexact,
         max_draft=args.max_draft,
         row_cost=args.row_cost,
+        draft_cost=args.draft_cost,
         max_context=args.max_context,
     )
     return replace(config, **overrides)

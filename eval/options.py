@@ -177,6 +177,7 @@ def run_meta(
         "repeats": args.repeats,
         "max_draft": config.max_draft,
         "row_cost": config.row_cost,
+        "draft_cost": config.draft_cost,
         "max_context": config.max_context,
         "peers": peers,
         "stopper": policy_description(),

@@ -31,6 +31,7 @@ RESULT_SETTINGS = (
     "repeats",
     "max_draft",
     "row_cost",
+    "draft_cost",
     "max_context",
     "seed",
     "root",

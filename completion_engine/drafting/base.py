@@ -1,4 +1,4 @@
-"""The drafter protocol: propose tokens, then hear how many the target accepted."""
+"""The drafter protocol: propose tokens (how many pays is the engine's DraftBudget's to learn)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,6 @@ from completion_engine.types import Draft
 class Drafter(Protocol):
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None) -> Draft:
         """Up to k tokens to follow context. sampler None means greedy."""
-        ...
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        """Feedback after verification, to adapt how much to draft."""
         ...
 
 

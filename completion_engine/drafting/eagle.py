@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from completion_engine.draft_budget import MODEL, best_time
 from completion_engine.drafting.base import empty_draft
 from completion_engine.kv import common_prefix_len, round_up
 from completion_engine.runner import DecoderRunner, DecoderShape, LayerWeights, rms_norm, rotate_half
@@ -147,10 +148,15 @@ class EagleHead:
 class EagleDrafter:
     """Drafts from the target runner's features with an EagleHead (see the module docstring)."""
 
-    source = "model"
+    source = MODEL
 
     def __init__(
-        self, runner: DecoderRunner, weights: EagleWeights, min_prob: float, tree: TreeSettings | None
+        self,
+        runner: DecoderRunner,
+        weights: EagleWeights,
+        min_prob: float,
+        tree: TreeSettings | None,
+        size: Callable[[int], int] | None = None,
     ) -> None:
         if runner.features is None:
             raise ValueError("the EAGLE head needs a target runner built with keep_features=True")
@@ -160,9 +166,12 @@ class EagleDrafter:
         self.target_vocab = runner.shape.vocab
         self.min_prob = min_prob
         self.tree = tree
+        self.size = size  # most -> how many tokens (tree nodes) to draft now (None: most)
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
+        if self.size is not None:
+            k = self.size(k)
         committed = len(self.runner)  # positions with target features; context[committed] is pending
         if k <= 0 or len(context) != committed + 1:
             return empty_draft(self.source)
@@ -184,8 +193,19 @@ class EagleDrafter:
         if len(self.runner) == len(context) and len(context) > 1:
             self._sync(context, len(context) - 1, cancel)
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        pass  # the tree's size follows the head's own confidence, not the last step
+    @torch.inference_mode()
+    def token_seconds(self) -> float:
+        """The best time of one head step and its logits: what drafting is priced by."""
+        head = self.head
+        features = torch.zeros(1, head.w.fc.shape[0], dtype=head.keys.dtype, device=head.keys.device)
+
+        def token() -> None:
+            head.logits(head.forward(features, [0], [0]))
+            head.truncate(0)
+
+        seconds = best_time(token)
+        head.tokens = []
+        return seconds
 
     def _sync(
         self, context: Sequence[int], slots: int, cancel: threading.Event | None = None

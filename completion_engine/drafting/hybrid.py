@@ -3,7 +3,8 @@
 Policy: an n-gram match of at least `min_match` tokens is copied text the target very often
 repeats (an identifier list, a repeated call, the code after the cursor), and costs nothing to
 make; a shorter or absent match says the text is new, where the draft model's prediction is the
-better bet despite its cost per token.
+better bet despite its cost per token, unless the draft budget finds that drafting with the model
+does not pay here (then the short match is the draft).
 """
 
 from __future__ import annotations
@@ -21,15 +22,11 @@ class HybridDrafter:
         self.ngram = ngram
         self.model = model
         self.min_match = min_match
-        self._last_source = ""
 
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
         draft = self.ngram.propose(context, k, sampler)
         if draft.match_len < self.min_match:
-            draft = self.model.propose(context, k, sampler)
-        self._last_source = draft.source
+            modelled = self.model.propose(context, k, sampler)
+            if modelled.tokens or not draft.tokens:  # the model's budget may say drafting does not pay
+                draft = modelled
         return draft
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        if self._last_source == "model":
-            self.model.observe(proposed, accepted)

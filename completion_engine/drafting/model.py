@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
+from completion_engine.draft_budget import MODEL, best_time
 from completion_engine.drafting.base import empty_draft
 from completion_engine.runner import DecoderRunner
 from completion_engine.sampling import Sampler
@@ -16,29 +17,29 @@ from completion_engine.types import Draft
 class ModelDrafter:
     """Greedy (or sampled) decoding with the draft model, stopping early when it gets unsure.
 
-    k adapts to recent acceptance: +2 after a fully accepted draft, -1 after a rejection
-    (the heuristic of transformers' assisted generation).
+    How many tokens to draft comes from `size` (the engine's DraftBudget.plan, which weighs what
+    was accepted at each depth against the cost of drafting and verifying a token).
     """
 
-    source = "model"
+    source = MODEL
 
     def __init__(
         self,
         runner: DecoderRunner,
         min_prob: float,
-        max_k: int,
         vocab_map: torch.Tensor | None = None,
         target_vocab: int | None = None,
+        size: Callable[[int], int] | None = None,
     ) -> None:
         self.runner = runner
         self.vocab_map = vocab_map  # draft head row -> token id, for a head over a subset of the vocabulary
         self.target_vocab = target_vocab or runner.shape.vocab
         self.min_prob = min_prob
-        self.max_k = max_k
-        self.k_limit = max(1, max_k // 2)
+        self.size = size  # most -> how many to draft now (None: most)
 
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
-        k = min(k, self.k_limit)
+        if self.size is not None:
+            k = self.size(k)
         if k <= 0 or not context:
             return empty_draft(self.source)
         logits = self._sync(context)
@@ -79,10 +80,15 @@ class ModelDrafter:
             context = context[overflow:]
         return self.runner.prefill(context, cancel)[0]
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        if proposed == 0:
-            return
-        if accepted == proposed:
-            self.k_limit = min(self.max_k, self.k_limit + 2)
-        else:
-            self.k_limit = max(1, self.k_limit - 1)
+    def token_seconds(self, context: int = 256) -> float:
+        """The best time of one draft token after `context` tokens: what drafting is priced by."""
+        runner = self.runner
+        runner.prefill([0] * context)
+
+        def token() -> None:
+            runner.extend([0])
+            runner.truncate(context)
+
+        seconds = best_time(token)
+        runner.truncate(0)
+        return seconds

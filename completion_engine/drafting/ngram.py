@@ -144,9 +144,3 @@ class NgramDrafter:
         if match.length == 0:
             return empty_draft(self.source)
         return Draft(tokens=tokens.tolist(), probs=None, source=self.source, match_len=match.length)
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        # Drafts are free to make, and verifying k tokens costs one 4-row attention call per 4 rows
-        # beyond the first: capping k at 3 or adapting it to recent acceptance drafted half as many
-        # tokens for the same accepted ones, at the same speed (8 points in `logging`, 64 tokens).
-        pass

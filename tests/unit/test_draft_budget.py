@@ -10,6 +10,7 @@ from completion_engine.draft_budget import (
     DraftBudget,
     best_k,
     draft_kind,
+    measure_draft_cost,
     measure_row_cost,
 )
 from completion_engine.types import Draft
@@ -52,7 +53,7 @@ def test_acceptance_counts_depths_and_forgets():
     assert acceptance.accepted[0] == 0.97 + 1.0 and acceptance.rejected[2] == 0.97
 
 
-def test_a_cut_tree_keeps_its_first_nodes_and_a_cut_model_draft_its_probs():
+def test_a_cut_tree_keeps_its_first_nodes():
     budget = DraftBudget(10.0)  # every extra row far too costly: k = 0 or the exploring 1
     for _ in range(EXPLORE - 1):
         budget.trim(ngram([5, 6, 7, 8], parents=[-1, 0, 1, 0]))
@@ -60,12 +61,38 @@ def test_a_cut_tree_keeps_its_first_nodes_and_a_cut_model_draft_its_probs():
     assert tree.tokens == [5] and tree.parents == [-1]
     nothing = budget.trim(ngram([5, 6, 7, 8], parents=[-1, 0, 1, 0]))
     assert nothing.tokens == [] and nothing.parents is None  # a plain step, not an empty tree
-    model = DraftBudget(10.0)
+
+
+def learned_model(budget: DraftBudget, accepted_share: float, steps: int = 200) -> DraftBudget:
+    """A budget that saw model drafts of 10 tokens accepted at each depth with chance accepted_share."""
+    draft = Draft(tokens=list(range(10)), probs=None, source="model")
+    for step in range(steps):
+        accepted = 0  # the same share at every depth, spread evenly over the steps (no randomness)
+        while accepted < 10 and (step * 7 + accepted * 3) % 100 < accepted_share * 100:
+            accepted += 1
+        budget.observe(draft, drafted=10, accepted=accepted)
+    return budget
+
+
+def test_model_drafts_are_sized_before_drafting_with_their_cost():
     draft = Draft(tokens=[3, 4], probs=torch.rand(2, 7), source="model")
-    budget_steps = [model.trim(draft) for _ in range(EXPLORE)]
-    assert budget_steps[0].tokens == [] and budget_steps[0].probs is None
-    explored = budget_steps[-1]
-    assert explored.tokens == [3] and explored.probs.shape == (1, 7) and explored.source == "model"
+    assert DraftBudget(10.0, 1.0).trim(draft) is draft  # plan() sized it: it was paid for already
+    assert DraftBudget(0.0, 0.0).plan(12) == 12  # free rows, free drafting: draft all that is allowed
+    # the same acceptance pays for more tokens when drafting is cheap than when it costs half a step
+    cheap = learned_model(DraftBudget(0.2, 0.0), accepted_share=0.8).plan(10)
+    costly = learned_model(DraftBudget(0.2, 0.5), accepted_share=0.8).plan(10)
+    assert cheap > costly >= 1
+    # drafting that never pays drafts nothing, but one token every EXPLORE-th step
+    hopeless = learned_model(DraftBudget(0.2, 0.5), accepted_share=0.0)
+    sizes = [hopeless.plan(10) for _ in range(2 * EXPLORE)]
+    assert sorted(set(sizes)) == [0, 1] and sizes.count(1) == 2
+    assert DraftBudget(0.2, 0.5).plan(0) == 0
+
+
+def test_draft_cost_is_a_ratio_of_timings():
+    calls = []
+    assert measure_draft_cost(lambda: calls.append("draft"), lambda: calls.append("step"), trials=2) > 0.0
+    assert calls == ["draft"] * 3 + ["step"] * 3  # a warm-up and two timed calls each
 
 
 def test_row_cost_is_measured_from_forward_timings():

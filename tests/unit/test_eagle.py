@@ -59,6 +59,7 @@ def eagle_engine(target: LoadedModel, k: int = 8, tree: bool = True) -> Completi
         kept_outputs=0,
         eagle_tree=tree,
         row_cost=0.0,  # drafts keep the size the head chose: the same runs on every machine
+        draft_cost=0.0,
     )
     return CompletionEngine(config, target, near_head(target))
 
@@ -211,3 +212,13 @@ def test_saved_head_loads_and_is_checked(one_layer_target, tmp_path):
     wide = tiny_loaded(one_layer_target.tokenizer, seed=5, layers=1, hidden=32)
     with pytest.raises(ModelLoadError, match="width"):
         load_eagle(wide.weights, tmp_path)
+
+
+def test_the_heads_token_cost_is_timed_when_the_engine_loads(one_layer_target):
+    config = EngineConfig(target="test", max_draft=4, kept_outputs=0, row_cost=0.0)
+    engine = CompletionEngine(config, one_layer_target, near_head(one_layer_target))
+    assert engine.budget.draft_cost > 0.0
+    assert engine._model_drafter.head.length == 0 and engine._model_drafter.head.tokens == []
+    prompt = random_prompts(one_layer_target.vocab_size, 1, seed=5)[0]
+    expected = plain(engine, prompt, 12)
+    assert engine.complete(Request(context=prompt, max_new_tokens=12, draft="model")).tokens == expected

@@ -110,9 +110,6 @@ class DisallowedDrafter:
     def propose(self, context, k, sampler=None) -> Draft:
         return Draft(tokens=self.tokens[:k], probs=None, source="ngram")
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        pass
-
 
 def test_drafts_that_break_the_constraint_are_rejected(tiny_target, monkeypatch):
     engine = engine_for(tiny_target, k=6)

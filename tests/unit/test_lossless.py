@@ -38,9 +38,11 @@ def engine_for(
     k: int = 8,
     exact: bool = True,
     row_cost: float = 0.0,
+    draft_cost: float = 0.0,
 ):
     # kept_outputs=0: the plain run's output must not become a perfect draft for the run it is compared with;
-    # row_cost=0: drafts keep the size the drafter chose (test_drafts_cut_by_the_budget_equal_plain cuts them)
+    # row_cost=draft_cost=0: drafts keep the size the drafter chose (test_drafts_cut_by_the_budget_equal_plain
+    # cuts them)
     config = EngineConfig(
         target="test",
         max_draft=k,
@@ -50,6 +52,7 @@ def engine_for(
         draft_min_prob=0.0,
         kept_outputs=0,
         row_cost=row_cost,
+        draft_cost=draft_cost,
     )
     return CompletionEngine(config, target, draft)
 
@@ -115,9 +118,6 @@ class WrongDrafter:
     def propose(self, context, k, sampler=None) -> Draft:
         expected_next = plain(self.engine, list(context), 1)[0]
         return Draft(tokens=[(expected_next + 1) % 500] * k, probs=None, source="ngram")
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        pass
 
 
 def test_full_rejection_equals_plain(tiny_target, monkeypatch):
@@ -287,11 +287,11 @@ def test_an_earlier_output_drafts_the_same_completion_again(tiny_target):
     assert again.stats.accepted >= 20 and again.stats.target_forwards < first.stats.target_forwards
 
 
-@pytest.mark.parametrize("method", ["ngram", "ngram-chain", "hybrid"])
+@pytest.mark.parametrize("method", ["ngram", "ngram-chain", "hybrid", "model"])
 def test_drafts_cut_by_the_budget_equal_plain(models, method):
-    """Where an extra verify row costs a lot, drafts are cut to the size that pays: same output."""
+    """Where an extra verify row (or a draft token) costs a lot, drafts are cut to the size that pays."""
     target, draft = models
-    engine = engine_for(target, draft, k=12, row_cost=0.5)
+    engine = engine_for(target, draft, k=12, row_cost=0.5, draft_cost=0.5)
     full = engine_for(target, draft, k=12)
     cut_drafted = full_drafted = 0
     for i, prompt in enumerate(random_prompts(target.vocab_size, PROMPTS, seed=101)):
@@ -303,3 +303,15 @@ def test_drafts_cut_by_the_budget_equal_plain(models, method):
         cut_drafted += generation.stats.drafted
         full_drafted += full.complete(Request(context=prompt, max_new_tokens=30, draft=method)).stats.drafted
     assert cut_drafted < full_drafted, "the budget should have cut some drafts"
+
+
+def test_the_draft_models_token_cost_is_timed_when_the_engine_loads(models):
+    """No --draft-cost: one draft token is timed against a target step, and prices model drafts."""
+    target, draft = models
+    config = EngineConfig(target="test", max_draft=6, kept_outputs=0, row_cost=0.0)
+    engine = CompletionEngine(config, target, draft)
+    assert engine.budget.draft_cost > 0.0
+    assert len(engine.target_runner) == 0  # the probes leave no cache behind
+    prompt = random_prompts(target.vocab_size, 1, seed=7)[0]
+    expected = plain(engine, prompt, 20)
+    assert engine.complete(Request(context=prompt, max_new_tokens=20, draft="hybrid")).tokens == expected
