@@ -5,7 +5,8 @@ nothing (`truncate` moves the length), and a new request that shares a prefix wi
 tokens keeps that prefix (`common_prefix_len`) and computes only what follows it.
 
 Each position also records the row bucket of the forward that computed it (`row_buckets`): in exact
-mode a position's bits depend on that bucket, so reuse must know it (see runner.reusable_prefix).
+mode on torch's kernels a position's bits depend on that bucket, so reuse must know it (see
+runner.reusable_prefix); on the row-invariant kernel they do not (runner.ANY_ROWS).
 
 With `panels`, keys and values are kept in the layout row_invariant's kernel multiplies, so that
 attention scores (q @ keys.T) and outputs (probs @ values) run on it: keys in panels of PANEL

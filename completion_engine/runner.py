@@ -19,6 +19,14 @@ KEY_BUCKET in prefill forwards). On the kernel, attention is instead one call pe
 real rows (row_invariant.attention), each row over exactly its own L keys. So the hidden state of
 a position is a pure function of the tokens up to it and of the row bucket that computed each of them.
 
+On the kernel (exact float32 with row_invariant's kernel: `any_schedule`) the row bucket drops out:
+every reduction of the forward (Linears, attention, the norms, the final norm) is the kernel's,
+a fixed function of the row's own inputs, and the rest is elementwise, so a position's bits depend
+on the tokens up to it alone. There the runner keeps no schedule: a forward holds only its real
+rows (a 3-token draft is a 3-row forward), a prefill runs blocks of PREFILL_ROWS from the first
+position it does not have and the rest in one forward, and every cached position that holds the
+same token is kept, including generated ones that became context.
+
 The schedule that makes every path agree: context positions below `prefill_boundary(len)` (whole
 blocks of PREFILL_ROWS) are computed in prefill forwards, the rest of the context and every
 generated or drafted token in decode forwards. Plain decoding and every drafter share it, so
@@ -57,6 +65,7 @@ DECODE_BUCKET_CANDIDATES = (1, 2, 4, 8, DECODE_ROWS)
 PREFILL_ROWS = 128  # rows of a prefill forward
 DECODE_ATTENTION_ROWS = 4  # query rows per attention call in a decode forward
 FAST = 0  # row bucket recorded for positions computed in fast (inexact) mode
+ANY_ROWS = -1  # row bucket recorded on the row-invariant kernel, where any forward gives the same bits
 
 
 def prefill_boundary(context_len: int) -> int:
@@ -223,6 +232,8 @@ class DecoderRunner:
             row_invariant_kernel = row_invariant.usable(self.dtype, self.device)
         self.row_invariant_kernel = row_invariant_kernel
         self.linears, self.lm_head = decoder_linears(weights, row_invariant_kernel)
+        # exact on the kernel: no row buckets to keep (see the module docstring)
+        self.any_schedule = exact and row_invariant_kernel
         self.cache = KVCache(
             s.n_layers,
             s.n_kv_heads,
@@ -252,6 +263,8 @@ class DecoderRunner:
         )
         # row counts of decode forwards, smallest first: (DECODE_ROWS,) unless smaller forwards give
         # the same bits (None: probe this machine's kernels with these weights)
+        if decode_buckets is None and self.any_schedule:
+            decode_buckets = tuple(range(1, DECODE_ROWS + 1))  # every row count: the real rows only
         self.decode_buckets = decode_buckets or (self._probe_decode_buckets() if exact else (DECODE_ROWS,))
         if self.decode_buckets[-1] != DECODE_ROWS:
             raise ValueError(f"decode buckets must end with DECODE_ROWS ({DECODE_ROWS})")
@@ -286,7 +299,7 @@ class DecoderRunner:
         if not context:
             raise ValueError("prefill needs at least one token")
         self._check_room(len(context))
-        if self.exact:
+        if self.exact and not self.any_schedule:
             keep = reusable_prefix(self.cache.token_ids, self.cache.row_buckets, context)
         else:
             keep = common_prefix_len(self.cache.token_ids, context)
@@ -295,14 +308,16 @@ class DecoderRunner:
             return self._last_logits[1], 0
         keep = min(keep, len(context) - 1)
         self.truncate(keep)
-        if not self.exact:
-            # one forward, or blocks of PREFILL_ROWS when it may be cancelled (a warm-up: a request
-            # waits at most one block, not a whole context)
-            step = len(context) - keep if cancel is None else PREFILL_ROWS
+        if not self.exact or self.any_schedule:
+            # fast mode: one forward, or blocks of PREFILL_ROWS when it may be cancelled (a warm-up: a
+            # request waits at most one block, not a whole context). On the kernel: always blocks, so
+            # a cancelled warm-up loses at most one block's layers (any blocks give the same bits).
+            step = len(context) - keep if cancel is None and not self.exact else PREFILL_ROWS
             for begin in range(keep, len(context), step):
                 block = list(context[begin : begin + step])
+                last = begin + step >= len(context)
                 try:
-                    logits = self._run(block, len(block), all_logits=False, cancel=cancel)
+                    logits = self._run(block, len(block), all_logits=False, logits=last, cancel=cancel)
                 except _Cancelled:
                     return None, begin - keep
             self._last_logits = (len(context), logits)
@@ -376,15 +391,18 @@ class DecoderRunner:
             self.cache.write(layer, start, tree.keys[layer][:, path], tree.values[layer][:, path])
         if self.features is not None:
             self.features[start : start + len(path)] = tree.hidden[path]
-        self.cache.append_tokens([tokens[node] for node in path], DECODE_ROWS)
+        self.cache.append_tokens([tokens[node] for node in path], self._bucket_class(DECODE_ROWS))
 
     def _decode_rows(self, n: int) -> int:
         """The rows of the decode forward that holds n tokens: the smallest bucket that fits them."""
         return next(rows for rows in self.decode_buckets if rows >= n)
 
-    @staticmethod
-    def _bucket_class(rows: int) -> int:
+    def _bucket_class(self, rows: int) -> int:
         """The row bucket the KV cache records: decode buckets are one class, as they give the same bits."""
+        if not self.exact:
+            return FAST
+        if self.any_schedule:
+            return ANY_ROWS
         return PREFILL_ROWS if rows == PREFILL_ROWS else DECODE_ROWS
 
     @torch.inference_mode()
@@ -440,7 +458,7 @@ class DecoderRunner:
         if self.features is not None:
             start = len(self.cache)
             self.features[start : start + len(tokens)] = hidden[: len(tokens)]
-        self.cache.append_tokens(tokens, self._bucket_class(rows) if self.exact else FAST)
+        self.cache.append_tokens(tokens, self._bucket_class(rows))
         if not logits:
             return None
         if all_logits:
@@ -448,13 +466,15 @@ class DecoderRunner:
         return self._logits(self._select_row(hidden, len(tokens) - 1))[:1].float()
 
     def _select_row(self, hidden: torch.Tensor, row: int) -> torch.Tensor:
-        if not self.exact:
+        if not self.exact or self.any_schedule:
             return hidden[row : row + 1]
         picked = hidden.new_zeros(self.decode_buckets[0], hidden.shape[1])  # the LM head sees a decode bucket
         picked[0] = hidden[row]
         return picked
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.any_schedule:  # the final norm on the kernel too: each row's logits on its own
+            return self.lm_head(row_invariant.rms_norm(hidden, self.w.final_norm, self.shape.rms_eps))
         if self.exact and hidden.shape[0] not in self.decode_buckets:  # a prefill forward's: per block
             return torch.cat([self._logits(part) for part in hidden.split(DECODE_ROWS)])
         return self.lm_head(rms_norm(hidden, self.w.final_norm, self.shape.rms_eps))

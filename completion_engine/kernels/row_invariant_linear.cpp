@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -73,25 +74,38 @@ inline __m256 exp8(__m256 input) {
   return _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), input, nan);
 }
 
+// Lanes j .. j + 7 of a row that lie before its length (all ones), the rest zero.
+inline __m256 inside_mask(int64_t j, int64_t length) {
+  const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(length)), index));
+}
+
 // The softmax of one row of scaled scores s[0, length) in place, zeros in [length, padded): a pure
 // function of the row's own `length` scores (exact zeros add nothing to the sum's lanes).
+// The shift is the row's largest score, found on 8 lanes (a maximum is exact in any order; a scalar
+// loop was a chain of dependent compares as long as the row, about a third of prefill attention).
+// A NaN score makes the sum, and so every output of the row, NaN whichever shift it gave.
+// Each probability is its exp times 1 / sum (a multiply, not a divide: 5x the throughput).
 inline void softmax_row(float* s, int64_t length, int64_t padded) {
-  float top = s[0];
-  for (int64_t j = 1; j < length; ++j) top = std::max(top, s[j]);
+  const __m256 below = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 most = below;
+  for (int64_t j = 0; j < padded; j += 8)
+    most = _mm256_max_ps(most, _mm256_blendv_ps(below, _mm256_loadu_ps(s + j), inside_mask(j, length)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, most);
+  float top = lanes[0];
+  for (int i = 1; i < 8; ++i) top = std::max(top, lanes[i]);
   const __m256 shift = _mm256_set1_ps(top);
   __m256 sum = _mm256_setzero_ps();
   for (int64_t j = 0; j < padded; j += 8) {
-    const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 inside = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(length)), index));
-    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift)), inside);
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift)), inside_mask(j, length));
     _mm256_storeu_ps(s + j, e);
     sum = _mm256_add_ps(sum, e);
   }
-  alignas(32) float lanes[8];
   _mm256_store_ps(lanes, sum);
   const float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-  const __m256 divisor = _mm256_set1_ps(total);
-  for (int64_t j = 0; j < padded; j += 8) _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), divisor));
+  const __m256 inverse = _mm256_set1_ps(1.0f / total);
+  for (int64_t j = 0; j < padded; j += 8) _mm256_storeu_ps(s + j, _mm256_mul_ps(_mm256_loadu_ps(s + j), inverse));
 }
 
 constexpr int64_t kSlots = 4 * kBlockRows;  // query slots (a row's head) handled together: 4 micro-kernel tiles

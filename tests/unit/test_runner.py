@@ -11,6 +11,7 @@ import torch
 
 from completion_engine.models import LoadedModel
 from completion_engine.runner import (
+    ANY_ROWS,
     DECODE_ROWS,
     PREFILL_ROWS,
     DecoderRunner,
@@ -141,7 +142,10 @@ def test_cold_prefill_schedule_and_last_logits(make_runner):
     logits, computed = runner.prefill(ids)
     assert computed == 300
     boundary = prefill_boundary(300)
-    assert runner.cache.row_buckets == [PREFILL_ROWS] * boundary + [DECODE_ROWS] * (300 - boundary)
+    if runner.any_schedule:  # on the kernel no schedule: blocks of PREFILL_ROWS, the rest in one forward
+        assert runner.cache.row_buckets == [ANY_ROWS] * 300 and runner.forwards == 3
+    else:
+        assert runner.cache.row_buckets == [PREFILL_ROWS] * boundary + [DECODE_ROWS] * (300 - boundary)
     # the same positions computed by decode forwards only give other bits, but the same shape of answer
     assert logits.shape == (1, make_runner.vocab)
 
@@ -181,6 +185,47 @@ def test_warm_prefill_gives_the_bits_of_a_cold_one(make_runner, edit):
     assert computed < len(second) or edit == "change a token inside the prefill blocks"
     follow = tokens(16, vocab, seed=9)
     assert torch.equal(warm.extend(follow, all_logits=True), cold.extend(follow, all_logits=True))
+
+
+KERNEL_PRECISIONS = [name for name, (_, options) in PRECISIONS.items() if options.get("row_invariant_kernel")]
+
+
+@pytest.fixture(params=KERNEL_PRECISIONS)
+def make_kernel_runner(request) -> RunnerFactory:
+    fixture, options = PRECISIONS[request.param]
+    return RunnerFactory(request.getfixturevalue(fixture), options)
+
+
+def test_on_the_kernel_any_schedule_gives_the_bits_of_a_cold_prefill(make_kernel_runner):
+    """No row buckets on the kernel: steps, verify blocks of any size and prefills all agree."""
+    vocab = make_kernel_runner.vocab
+    ids = tokens(300, vocab, seed=21)
+    follow = tokens(5, vocab, seed=22)
+    cold = make_kernel_runner()
+    cold_logits, _ = cold.prefill(ids)
+    expected = cold.extend(follow, all_logits=True)
+    rng = random.Random(23)
+    mixed = make_kernel_runner()
+    mixed.prefill(ids[:70])
+    position = 70
+    while position < len(ids):  # verify blocks of 1 to DECODE_ROWS tokens, as drafts leave them
+        size = min(rng.randint(1, DECODE_ROWS), len(ids) - position)
+        logits = mixed.extend(ids[position : position + size], all_logits=True)
+        position += size
+    assert mixed.forwards > 20 and torch.equal(logits[-1:], cold_logits)
+    assert torch.equal(mixed.extend(follow, all_logits=True), expected)
+
+
+def test_on_the_kernel_generated_tokens_that_become_context_are_kept(make_kernel_runner):
+    vocab = make_kernel_runner.vocab
+    context, generated = tokens(250, vocab, seed=24), tokens(40, vocab, seed=25)
+    warm = make_kernel_runner()
+    warm.prefill(context)
+    for begin in range(0, 40, 8):  # decoded in verify blocks
+        warm.extend(generated[begin : begin + 8], all_logits=True)
+    logits, computed = warm.prefill(context + generated + [7])  # the completion accepted, one more key
+    assert computed == 1
+    assert torch.equal(logits, make_kernel_runner().prefill(context + generated + [7])[0])
 
 
 def test_typing_at_the_end_recomputes_only_the_tail(make_runner):
@@ -229,7 +274,8 @@ def test_a_cancelled_prefill_keeps_what_it_did_and_a_repeat_costs_nothing(make_r
     partial.prefill(ids[:300])  # as if a warm-up had been cut short after 300 positions
     cold_logits, _ = make_runner().prefill(ids)
     warm_logits, computed = partial.prefill(ids)
-    assert torch.equal(warm_logits, cold_logits) and computed == 600 - 256  # the tail block is redone
+    # the part-done tail block is redone on torch's kernels; on the kernel every position is kept
+    assert torch.equal(warm_logits, cold_logits) and computed == 600 - (300 if partial.any_schedule else 256)
     again, computed = partial.prefill(ids)
     assert computed == 0 and torch.equal(again, cold_logits)
     partial.extend(tokens(5, make_runner.vocab, seed=14), all_logits=True)  # generate, then re-ask
