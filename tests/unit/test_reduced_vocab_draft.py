@@ -23,7 +23,11 @@ def subset_draft(model: LoadedModel, keep: int) -> LoadedModel:
 
 def test_greedy_with_a_reduced_head_equals_plain(tiny_target, tiny_near_draft):
     draft = subset_draft(tiny_near_draft, keep=256)
-    engine = CompletionEngine(EngineConfig(target="t", max_draft=6, draft_min_prob=0.0), tiny_target, draft)
+    engine = CompletionEngine(
+        EngineConfig(target="t", max_draft=6, draft_min_prob=0.0, row_cost=0.0, draft_cost=0.0),
+        tiny_target,
+        draft,
+    )
     allowed = set(draft.vocab_map.tolist())
     for prompt in random_prompts(tiny_target.vocab_size, 6, seed=31):
         plain = engine.complete(Request(context=prompt, max_new_tokens=24, draft="none")).tokens
@@ -34,7 +38,11 @@ def test_greedy_with_a_reduced_head_equals_plain(tiny_target, tiny_near_draft):
 
 def test_sampling_draft_probs_cover_the_target_vocabulary(tiny_target, tiny_near_draft):
     draft = subset_draft(tiny_near_draft, keep=128)
-    engine = CompletionEngine(EngineConfig(target="t", max_draft=4, draft_min_prob=0.0), tiny_target, draft)
+    engine = CompletionEngine(
+        EngineConfig(target="t", max_draft=4, draft_min_prob=0.0, row_cost=0.0, draft_cost=0.0),
+        tiny_target,
+        draft,
+    )
     from completion_engine.sampling import Sampler
 
     proposal = engine.drafter_for("model").propose([5, 6, 7, 8], 3, Sampler.seeded(1.0, 1.0, 0))
