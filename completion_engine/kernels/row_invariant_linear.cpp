@@ -24,6 +24,8 @@ constexpr int64_t kVectors = 4;              // AVX2 vectors of 8 floats per pan
 constexpr int64_t kPanel = kVectors * 8;     // output columns per panel
 constexpr int64_t kBlockK = 128;             // k per block: a 128 x 32 panel block (16 KiB) stays in L1
 constexpr int64_t kBlockRows = 3;            // rows per micro-kernel call: 3 x 4 accumulators
+constexpr int64_t kHalfRows = 6;             // bf16 panels, small blocks: tiles of 6 rows x 2 vectors (half a panel)
+constexpr int64_t kHalfRowsMost = 16;        // the most rows that take half-panel tiles (a whole verify block)
 
 // Continue the chains of rows [0, R) x the panel's 32 columns over k in [k0, k1).
 // acc holds the chains so far ([R][32]); it is ignored and the chains start at zero when first.
@@ -35,23 +37,25 @@ inline __m256 load8(const uint16_t* w) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(halves, 16));
 }
 
-template <int R, typename W>
+// V vectors of 8 columns from `panel` on (a panel row is kPanel wide; acc rows too): V = 4 is the whole
+// panel, V = 2 half of it, so that up to 6 rows fit the 16 registers beside their weights.
+template <int R, int V = kVectors, typename W>
 __attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, const W* panel, int64_t k0, int64_t k1, float* acc,
                   bool first) {
-  __m256 sum[R][kVectors];
+  __m256 sum[R][V];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kVectors; ++v)
+    for (int v = 0; v < V; ++v)
       sum[r][v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * kPanel + v * 8);
   for (int64_t k = k0; k < k1; ++k) {
-    __m256 w[kVectors];
-    for (int v = 0; v < kVectors; ++v) w[v] = load8(panel + k * kPanel + v * 8);
+    __m256 w[V];
+    for (int v = 0; v < V; ++v) w[v] = load8(panel + k * kPanel + v * 8);
     for (int r = 0; r < R; ++r) {
       const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
-      for (int v = 0; v < kVectors; ++v) sum[r][v] = _mm256_fmadd_ps(xv, w[v], sum[r][v]);
+      for (int v = 0; v < V; ++v) sum[r][v] = _mm256_fmadd_ps(xv, w[v], sum[r][v]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kVectors; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, sum[r][v]);
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, sum[r][v]);
 }
 
 // e^x for 8 lanes: Cephes' polynomial after a reduction by ln 2 (as in avx_mathfun), clamped below at
@@ -148,6 +152,27 @@ template <typename W>
 inline void rows_block(const float* xp, int64_t m, int64_t k, const W* panel, int64_t k0, int64_t k1, float* acc,
                        float* wide) {
   if constexpr (std::is_same_v<W, uint16_t>) {
+    if (m > kBlockRows && m <= kHalfRowsMost) {
+      // a verify block: half panels, each widened in registers once per tile of up to 6 rows
+      const int64_t tiles = (m + kHalfRows - 1) / kHalfRows;
+      for (int64_t half = 0; half < kPanel; half += kPanel / 2) {
+        for (int64_t t = 0, row = 0; t < tiles; ++t) {
+          const int64_t size = (m - row) / (tiles - t) + ((m - row) % (tiles - t) != 0);
+          const float* xr = xp + row * k;
+          float* ar = acc + row * kPanel + half;
+          switch (size) {
+            case 1: micro<1, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
+            case 2: micro<2, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
+            case 3: micro<3, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
+            case 4: micro<4, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
+            case 5: micro<5, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
+            default: micro<6, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
+          }
+          row += size;
+        }
+      }
+      return;
+    }
     if (m > kBlockRows) {
       for (int64_t i = k0 * kPanel; i < k1 * kPanel; i += 8) _mm256_store_ps(wide + i, load8(panel + i));
       rows_block(xp, m, k, static_cast<const float*>(wide), k0, k1, acc, nullptr);
