@@ -13,6 +13,8 @@ from completion_engine.runner import DecoderRunner
 from completion_engine.sampling import Sampler
 from completion_engine.types import Draft
 
+DRAFT_WINDOW = 1024  # context tokens a draft model sees at most: its prefill and attention stay cheap
+
 
 class ModelDrafter:
     """Greedy (or sampled) decoding with the draft model, stopping early when it gets unsure.
@@ -30,12 +32,15 @@ class ModelDrafter:
         vocab_map: torch.Tensor | None = None,
         target_vocab: int | None = None,
         size: Callable[[int], int] | None = None,
+        window: int = DRAFT_WINDOW,
     ) -> None:
         self.runner = runner
         self.vocab_map = vocab_map  # draft head row -> token id, for a head over a subset of the vocabulary
         self.target_vocab = target_vocab or runner.shape.vocab
         self.min_prob = min_prob
         self.size = size  # most -> how many to draft now (None: most)
+        self.window = window  # the most context tokens the draft model sees (see _window_start)
+        self._start = 0
 
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
         if self.size is not None:
@@ -74,11 +79,21 @@ class ModelDrafter:
             self._sync(context, cancel)
 
     def _sync(self, context: Sequence[int], cancel: threading.Event | None = None) -> torch.Tensor | None:
-        """Bring the draft cache to `context`; the logits after its last token (None: cancelled)."""
-        overflow = len(context) - self.runner.capacity
-        if overflow > 0:  # too long for the draft's cache: draft from the most recent part only
-            context = context[overflow:]
-        return self.runner.prefill(context, cancel)[0]
+        """Bring the draft cache to the window of `context`; the logits after it (None: cancelled)."""
+        return self.runner.prefill(context[self._window_start(len(context)) :], cancel)[0]
+
+    def _window_start(self, length: int) -> int:
+        """Where the draft's view of a context of `length` tokens starts: it sees at most `window`
+        tokens, and the start moves in jumps of half a window, so that between jumps each step
+        extends the cached prefix rather than shifting it.
+
+        Why: a cold draft prefill of a whole 3,900-token context took 2.3 s on one thread (0.8 s at
+        2,000 tokens), a third of a 64-token completion's decoding; at 1,024 tokens it takes 0.3 s.
+        """
+        window = min(self.window, self.runner.capacity)
+        if not self._start < length <= self._start + window:
+            self._start = max(0, length - window // 2) if length > window else 0
+        return self._start
 
     def token_seconds(self, context: int = 256) -> float:
         """The best time of one draft token after `context` tokens: what drafting is priced by."""

@@ -315,3 +315,24 @@ def test_the_draft_models_token_cost_is_timed_when_the_engine_loads(models):
     prompt = random_prompts(target.vocab_size, 1, seed=7)[0]
     expected = plain(engine, prompt, 20)
     assert engine.complete(Request(context=prompt, max_new_tokens=20, draft="hybrid")).tokens == expected
+
+
+def test_a_draft_model_sees_a_window_of_the_context_that_moves_in_jumps(tiny_target):
+    from completion_engine.drafting.model import ModelDrafter
+    from completion_engine.runner import DecoderRunner
+
+    runner = DecoderRunner(tiny_target.weights, exact=False, capacity=256)
+    drafter = ModelDrafter(runner, min_prob=0.0, window=16)
+    context = random_prompts(tiny_target.vocab_size, 1, seed=41)[0] * 3
+    assert len(context) > 40
+    drafter.propose(context[:10], 1)
+    assert runner.token_ids == context[:10]  # shorter than the window: all of it
+    drafter.propose(context[:30], 1)
+    assert runner.token_ids == context[22:30]  # past the window: its last half window
+    forwards = runner.forwards
+    for end in range(31, 39):  # each step extends the cached view: one forward a step, no re-prefill
+        drafter.propose(context[:end], 1)
+        assert runner.token_ids == context[22:end]
+    assert runner.forwards == forwards + 8
+    drafter.propose(context[:39], 1)  # 17 tokens would not fit: the window jumps
+    assert runner.token_ids == context[31:39]
