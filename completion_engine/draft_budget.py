@@ -19,7 +19,8 @@ k = 0, but still drafts one token every EXPLORE-th step, so that a change is not
 their first k nodes (they come best first). Any k gives the same output: only the speed changes.
 
 Free drafts (n-gram look-ups) are made whole and then trimmed. A draft model's tokens cost a
-forward each, `draft_cost` of a target step (timed once per engine, `measure_draft_cost`), so they
+forward each, `draft_cost` of a target step (timed once per engine: the drafter's token_seconds
+over a 1-row target step), so they
 are sized before drafting (`plan`), with each token costing ratio + draft_cost: a token trimmed
 after it was drafted would be paid for and thrown away. (Before this, on an AVX2 CPU, the default
 hybrid drafting ran at 0.97x plain decoding: model drafts of up to 5 tokens cut to 1 by the trim.)
@@ -180,8 +181,3 @@ def measure_row_cost(forward: Callable[[int], None], rows: int = 16, trials: int
     """
     one = best_time(lambda: forward(1), trials)
     return max(best_time(lambda: forward(rows), trials) / one - 1.0, 0.0) / (rows - 1)
-
-
-def measure_draft_cost(draft_token: Callable[[], None], step: Callable[[], None], trials: int = 3) -> float:
-    """The cost of one draft-model token in target steps: t(draft_token) / t(step), best of `trials` each."""
-    return best_time(draft_token, trials) / best_time(step, trials)

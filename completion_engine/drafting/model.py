@@ -9,7 +9,7 @@ import torch
 
 from completion_engine.draft_budget import MODEL, best_time
 from completion_engine.drafting.base import empty_draft
-from completion_engine.runner import DecoderRunner
+from completion_engine.runner import DECODE_ROWS, DecoderRunner
 from completion_engine.sampling import Sampler
 from completion_engine.types import Draft
 
@@ -90,9 +90,11 @@ class ModelDrafter:
         Why: a cold draft prefill of a whole 3,900-token context took 2.3 s on one thread (0.8 s at
         2,000 tokens), a third of a 64-token completion's decoding; at 1,024 tokens it takes 0.3 s.
         """
-        window = min(self.window, self.runner.capacity)
-        if not self._start < length <= self._start + window:
-            self._start = max(0, length - window // 2) if length > window else 0
+        window = min(self.window, self.runner.capacity - DECODE_ROWS)  # room for the drafted tokens
+        if length <= window:
+            self._start = 0
+        elif not self._start + window // 2 <= length <= self._start + window:
+            self._start = length - window // 2  # also where an unrelated request left a start behind
         return self._start
 
     def token_seconds(self, context: int = 256) -> float:
@@ -102,6 +104,8 @@ class ModelDrafter:
 
         def token() -> None:
             runner.extend([0])
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize()  # time the work, not its launch (as the target's step is)
             runner.truncate(context)
 
         seconds = best_time(token)

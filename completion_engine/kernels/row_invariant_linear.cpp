@@ -160,9 +160,7 @@ inline void rows_block(const float* xp, int64_t m, int64_t k, const W* panel, in
           const int64_t size = (m - row) / (tiles - t) + ((m - row) % (tiles - t) != 0);
           const float* xr = xp + row * k;
           float* ar = acc + row * kPanel + half;
-          switch (size) {
-            case 1: micro<1, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
-            case 2: micro<2, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
+          switch (size) {  // 3 to 6: m is 4 to 16 and the tiles are as even as can be
             case 3: micro<3, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
             case 4: micro<4, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
             case 5: micro<5, 2>(xr, k, panel + half, k0, k1, ar, k0 == 0); break;
@@ -220,7 +218,7 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
   at::parallel_for(0, count, 1, [&](int64_t p0, int64_t p1) {
     std::vector<float> acc(((m + kBlockRows - 1) / kBlockRows) * kBlockRows * kPanel);
     // 64-byte aligned, as torch's tensors are: unaligned, half the 32-byte loads split a cache line
-    std::vector<float> wide_buffer(narrow && m > kBlockRows ? k * kPanel + 16 : 0);
+    std::vector<float> wide_buffer(narrow && m > kHalfRowsMost ? k * kPanel + 16 : 0);
     float* wide = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(wide_buffer.data()) + 63) & ~uintptr_t{63});
     for (int64_t p = p0; p < p1; ++p) {
       for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {

@@ -311,7 +311,7 @@ def test_the_draft_models_token_cost_is_timed_when_the_engine_loads(models):
     config = EngineConfig(target="test", max_draft=6, kept_outputs=0, row_cost=0.0)
     engine = CompletionEngine(config, target, draft)
     assert engine.budget.draft_cost > 0.0
-    assert len(engine.target_runner) == 0  # the probes leave no cache behind
+    assert len(engine.target_runner) == 0 and len(engine._model_drafter.runner) == 0  # no cache left behind
     prompt = random_prompts(target.vocab_size, 1, seed=7)[0]
     expected = plain(engine, prompt, 20)
     assert engine.complete(Request(context=prompt, max_new_tokens=20, draft="hybrid")).tokens == expected
@@ -336,3 +336,24 @@ def test_a_draft_model_sees_a_window_of_the_context_that_moves_in_jumps(tiny_tar
     assert runner.forwards == forwards + 8
     drafter.propose(context[:39], 1)  # 17 tokens would not fit: the window jumps
     assert runner.token_ids == context[31:39]
+    drafter.propose(context[:33], 1)  # inside the old start's window, but under half a window of it
+    assert runner.token_ids == context[25:33]
+    drafter.propose(context[:12], 1)  # a shorter request: all of it again
+    assert runner.token_ids == context[:12]
+
+
+def test_hybrid_keeps_its_short_match_when_model_drafting_does_not_pay(tiny_target):
+    from completion_engine.drafting.hybrid import HybridDrafter
+    from completion_engine.drafting.model import ModelDrafter
+    from completion_engine.drafting.ngram import NgramDrafter
+    from completion_engine.runner import DecoderRunner
+
+    context = [5, 6, 7, 8, 9, 5, 6]  # "5 6" matched: a 2-token match, shorter than min_match 3
+    ngram = NgramDrafter(None, 2, 4)
+    short = ngram.propose(context, 3)
+    assert short.tokens and short.match_len == 2
+    runner = DecoderRunner(tiny_target.weights, exact=False, capacity=64)
+    declined = HybridDrafter(ngram, ModelDrafter(runner, 0.0, size=lambda most: 0), min_match=3)
+    assert declined.propose(context, 3).tokens == short.tokens and len(runner) == 0  # the model never ran
+    willing = HybridDrafter(ngram, ModelDrafter(runner, 0.0, size=lambda most: 2), min_match=3)
+    assert willing.propose(context, 3).source == "model" and len(willing.propose(context, 3).tokens) <= 2
