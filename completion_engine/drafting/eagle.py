@@ -256,7 +256,8 @@ class EagleDrafter:
         slot_of: dict[int, int] = {}  # expanded node -> its head slot
         outputs = {-1: predicted[0]}  # node -> g after it (-1: the pending token's slot)
         frontier = [-1]
-        for depth in range(1, settings.depth + 1):
+        levels = min(settings.depth, k)  # k nodes reach no deeper than k: deeper levels would be paid and cut
+        for depth in range(1, levels + 1):
             rows = torch.stack([outputs[node] for node in frontier])
             top = torch.log_softmax(self.head.logits(rows), dim=-1).topk(settings.width, dim=-1)
             children = []
@@ -265,7 +266,7 @@ class EagleDrafter:
                 for logp, row in zip(top.values[i].tolist(), top.indices[i].tolist(), strict=True):
                     nodes.append((int(self.vocab_map[row]), parent, base + logp, depth))
                     children.append(len(nodes) - 1)
-            if depth == settings.depth:
+            if depth == levels:
                 break
             frontier = heapq.nlargest(settings.width, children, key=lambda node: nodes[node][2])
             outputs.update(self._expand(frontier, nodes, slot_of, outputs, committed))

@@ -156,6 +156,19 @@ def test_tree_drafts_respect_the_settings(one_layer_target):
     assert drafter.head.length == len(prompt)  # drafted slots are dropped again
 
 
+def test_a_small_tree_budget_expands_no_deeper_than_it_can_keep(one_layer_target, monkeypatch):
+    engine = eagle_engine(one_layer_target, k=15)
+    drafter = engine._model_drafter
+    drafter.tree = TreeSettings(width=3, depth=6, max_leaves=2)
+    prompt = random_prompts(one_layer_target.vocab_size, 1, seed=10)[0]
+    engine.target_runner.prefill(prompt)
+    expansions = []
+    expand = drafter._expand
+    monkeypatch.setattr(drafter, "_expand", lambda *args: expansions.append(1) or expand(*args))
+    draft = drafter.propose([*prompt, 5], k=2)  # 2 nodes: at most 2 levels, so one expansion
+    assert len(draft.tokens) <= 2 and len(expansions) == 1
+
+
 def test_head_needs_features_and_a_matching_context(one_layer_target):
     runner = DecoderRunner(one_layer_target.weights, exact=True, capacity=256)
     with pytest.raises(ValueError, match="keep_features"):
