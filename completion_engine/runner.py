@@ -232,7 +232,8 @@ class DecoderRunner:
             row_invariant_kernel = row_invariant.usable(self.dtype, self.device)
         self.row_invariant_kernel = row_invariant_kernel
         self.linears, self.lm_head = decoder_linears(weights, row_invariant_kernel)
-        # exact on the kernel: no row buckets to keep (see the module docstring)
+        # exact on the kernel: no row buckets to keep, every small step on the kernel too, and the KV
+        # cache in its panel layout (see the module docstring)
         self.any_schedule = exact and row_invariant_kernel
         self.cache = KVCache(
             s.n_layers,
@@ -241,7 +242,7 @@ class DecoderRunner:
             capacity + DECODE_ROWS,
             self.dtype,
             self.device,
-            panels=exact and row_invariant_kernel,
+            panels=self.any_schedule,
         )
         positions = torch.arange(self.cache.capacity, dtype=torch.float32, device=self.device)
         freqs = torch.outer(positions, weights.inv_freq.to(self.device))
@@ -498,7 +499,6 @@ class DecoderRunner:
         pos[:n] = start + torch.tensor(offsets, dtype=torch.long, device=self.device)
         cos, sin = self.cos[pos], self.sin[pos]  # [rows, head_dim]
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        glue = self.cache.panels  # the small steps on the kernel too: row-invariant, one call each
         if not self.exact:
             calls = []
         elif tree is None:
@@ -511,7 +511,7 @@ class DecoderRunner:
         for index, (layer, linear) in enumerate(zip(self.w.layers, self.linears, strict=True)):
             if cancel is not None and cancel.is_set():  # a warm-up gives way within one layer
                 raise _Cancelled
-            if glue:
+            if self.any_schedule:  # the small steps on the kernel too: one call each
                 qkv = linear.qkv(row_invariant.rms_norm(x, layer.input_norm, s.rms_eps))
                 q, k = row_invariant.rotary(qkv, s.n_heads, s.n_kv_heads, cos, sin)
             else:
@@ -538,7 +538,7 @@ class DecoderRunner:
                 else:
                     attn = self._sdpa_attention(index, q, start, n)
             x = x + linear.out(attn)  # [rows, n_heads * head_dim] -> [rows, hidden]
-            if glue:
+            if self.any_schedule:
                 act = row_invariant.silu_mul(
                     linear.gate_up(row_invariant.rms_norm(x, layer.post_norm, s.rms_eps))
                 )

@@ -11,17 +11,12 @@ after a context of real Python; and a whole prefill in the first and the last re
 
 from __future__ import annotations
 
-import argparse
-
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context", type=int, default=2000, help="context tokens (default 2000)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
+    from eval.step_timing import kernel_bench_args
 
-    import torch
+    args = kernel_bench_args(__doc__.splitlines()[0], 5, argv)
+
     import torch.nn.functional as F
 
     from completion_engine import row_invariant
@@ -44,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         "kernel calls": (row_invariant.rms_norm, row_invariant.rotary, row_invariant.silu_mul),
         "torch ops": (rms_norm, torch_rotary, torch_silu_mul),
     }
-    torch.set_num_threads(args.threads)
-    model, context = embedded_float32(args.context)
+    model, context = embedded_float32(args.context, args.threads)
     runner = DecoderRunner(model.weights, exact=True, capacity=args.context + 64)
     print(f"context {args.context} tokens, {args.threads} thread(s)")
     times: dict[str, list[float]] = {}

@@ -11,16 +11,13 @@ bit for bit, after the prefill and for the verify block.
 
 from __future__ import annotations
 
-import argparse
 import functools
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context", type=int, default=2000, help="context tokens (default 2000)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args(argv)
+    from eval.step_timing import kernel_bench_args
+
+    args = kernel_bench_args(__doc__.splitlines()[0], 7, argv)
 
     import torch
 
@@ -28,8 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     from completion_engine.runner import DecoderRunner, decoder_linears
     from eval.step_timing import embedded_float32, print_times, time_repeat
 
-    torch.set_num_threads(args.threads)
-    model, context = embedded_float32(args.context)
+    model, context = embedded_float32(args.context, args.threads)
     runners = {}
     original = row_invariant.pack
     for name, bf16 in (("bf16 panels", None), ("float32 panels", False)):

@@ -10,26 +10,20 @@ repeat, and the best over the repeats is printed.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 ROWS = (1, 2, 3, 4, 6, 8, 11, 16)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context", type=int, default=2000, help="context tokens (default 2000)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+    from eval.step_timing import kernel_bench_args
 
-    import torch
+    args = kernel_bench_args(__doc__.splitlines()[0], 3, argv)
 
     from completion_engine.runner import DecoderRunner
     from eval.step_timing import embedded_float32
 
-    torch.set_num_threads(args.threads)
-    model, tokens = embedded_float32(args.context + max(ROWS))
+    model, tokens = embedded_float32(args.context + max(ROWS), args.threads)
     context, drafted = tokens[: args.context], tokens[args.context :]
     runner = DecoderRunner(model.weights, exact=True, capacity=args.context + 2 * max(ROWS))
     runner.prefill(context)

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
 
-def embedded_float32(context_len: int):
-    """The embedded model in float32 and `context_len` tokens of real Python; exits where the
-    row-invariant kernel cannot run."""
+def kernel_bench_args(description: str, repeats: int, argv: list[str] | None) -> argparse.Namespace:
+    """The options every kernel benchmark takes: --context, --threads, --repeats."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--context", type=int, default=2000, help="context tokens (default 2000)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    return parser.parse_args(argv)
+
+
+def embedded_float32(context_len: int, threads: int):
+    """The embedded model in float32 on `threads` torch threads, and `context_len` tokens of real
+    Python; exits where the row-invariant kernel cannot run."""
     import torch
+
+    torch.set_num_threads(threads)
 
     from completion_engine import row_invariant
     from completion_engine.models import load_model
