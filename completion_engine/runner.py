@@ -455,16 +455,22 @@ class DecoderRunner:
         unchanged, and the keys and values already written past it are overwritten by the next forward.
         """
         rows = rows if self.exact else len(tokens)
-        hidden = self._forward(tokens, rows, cancel=cancel)  # [rows, hidden]
+        n = len(tokens)
+        outputs = None  # every row's last-layer output: for the features, all logits, or torch's path
+        if self.any_schedule and self.features is None and not all_logits:
+            outputs = (n - 1, n) if logits else (n, n)  # the last row's, or none
+        hidden = self._forward(tokens, rows, cancel=cancel, outputs=outputs)
         if self.features is not None:
             start = len(self.cache)
-            self.features[start : start + len(tokens)] = hidden[: len(tokens)]
+            self.features[start : start + n] = hidden[:n]
         self.cache.append_tokens(tokens, self._bucket_class(rows))
         if not logits:
             return None
         if all_logits:
-            return self._logits(hidden)[: len(tokens)].float()
-        return self._logits(self._select_row(hidden, len(tokens) - 1))[:1].float()
+            return self._logits(hidden)[:n].float()
+        if outputs is not None:  # hidden holds the last row only
+            return self._logits(hidden)[:1].float()
+        return self._logits(self._select_row(hidden, n - 1))[:1].float()
 
     def _select_row(self, hidden: torch.Tensor, row: int) -> torch.Tensor:
         if not self.exact or self.any_schedule:
@@ -486,8 +492,16 @@ class DecoderRunner:
         rows: int,
         tree: TreePlan | None = None,
         cancel: threading.Event | None = None,
+        outputs: tuple[int, int] | None = None,
     ) -> torch.Tensor:
-        """Hidden states [rows, hidden] of `tokens` placed after the cache (a chain, or a tree's nodes)."""
+        """Hidden states [rows, hidden] of `tokens` placed after the cache (a chain, or a tree's nodes).
+
+        outputs (the kernel's path, a chain): only real rows [a, b) of the last layer are computed
+        past its keys and values, and [b - a, hidden] is returned. A prefill block needs no row of
+        it (only the next forward's keys), its last block one row: about 1/30 of a prefill of
+        SmolLM2-135M. On the kernel a row's bits do not depend on the rows beside it, so the rows
+        that are computed get the same bits as in a whole forward.
+        """
         s = self.shape
         n = len(tokens)
         start = len(self.cache)
@@ -523,6 +537,15 @@ class DecoderRunner:
                 k = k * cos[:, None] + rotate_half(k) * sin[:, None]
             k = k[:n].transpose(0, 1)  # [kv_head, n, head_dim]
             v = qkv[:, q_size + kv_size :].view(rows, s.n_kv_heads, s.head_dim)[:n].transpose(0, 1)
+            if outputs is not None and index == s.n_layers - 1:  # the last layer: the rows asked for
+                first, end = outputs
+                if first == end:  # its keys and values only
+                    self.cache.write(index, start, k, v)
+                    x = x[:0]
+                    break
+                x, q = x[first:end], q[first:end]
+                calls = [AttentionCall(0, end - first, 0, None, None, calls[0].lengths[first:end])]
+                rows = end - first
             attn = q.new_zeros(rows, s.n_heads * s.head_dim)  # padding rows of the forward stay zero
             if tree is not None:
                 # Each root-to-leaf chain in turn is written where plain decoding keeps it, and the

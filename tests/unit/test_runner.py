@@ -228,6 +228,18 @@ def test_on_the_kernel_generated_tokens_that_become_context_are_kept(make_kernel
     assert torch.equal(logits, make_kernel_runner().prefill(context + generated + [7])[0])
 
 
+def test_on_the_kernel_a_prefill_skips_the_last_layer_rows_nobody_reads(make_kernel_runner):
+    """Without features, a prefill block computes the last layer's keys and values only (its last
+    block, one row more): the same logits and cache as a runner that computes every row."""
+    ids = tokens(300, make_kernel_runner.vocab, seed=26)
+    lean, full = make_kernel_runner(), make_kernel_runner(keep_features=True)
+    assert torch.equal(lean.prefill(ids)[0], full.prefill(ids)[0])
+    assert torch.equal(lean.extend(ids[:3]), full.extend(ids[:3]))  # a step's last row, on those keys
+    last = lean.shape.n_layers - 1
+    assert torch.equal(lean.cache.keys[last], full.cache.keys[last])
+    assert torch.equal(lean.cache.values[last], full.cache.values[last])
+
+
 def test_typing_at_the_end_recomputes_only_the_tail(make_runner):
     ids = tokens(700, make_runner.vocab, seed=10)
     runner = make_runner()
