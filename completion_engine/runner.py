@@ -235,6 +235,12 @@ class DecoderRunner:
         # exact on the kernel: no row buckets to keep, every small step on the kernel too, and the KV
         # cache in its panel layout (see the module docstring)
         self.any_schedule = exact and row_invariant_kernel
+        # ... and a chain's layers as one kernel call each (row_invariant.layer)
+        self._layer_panels = (
+            [row_invariant.LayerPanels.of((lin.qkv, lin.out, lin.gate_up, lin.down)) for lin in self.linears]
+            if self.any_schedule
+            else []
+        )
         self.cache = KVCache(
             s.n_layers,
             s.n_kv_heads,
@@ -496,6 +502,8 @@ class DecoderRunner:
     ) -> torch.Tensor:
         """Hidden states [rows, hidden] of `tokens` placed after the cache (a chain, or a tree's nodes).
 
+        On the kernel a chain's layers are one call each (row_invariant.layer; the same steps as the
+        loop below, so the same bits); token trees and the torch paths run the steps one by one.
         outputs (the kernel's path, a chain): only real rows [a, b) of the last layer are computed
         past its keys and values, and [b - a, hidden] is returned. A prefill block needs no row of
         it (only the next forward's keys), its last block one row: about 1/30 of a prefill of
@@ -525,6 +533,22 @@ class DecoderRunner:
         for index, (layer, linear) in enumerate(zip(self.w.layers, self.linears, strict=True)):
             if cancel is not None and cancel.is_set():  # a warm-up gives way within one layer
                 raise _Cancelled
+            if self.any_schedule and tree is None and rows == n:  # a chain on the kernel: one call
+                last = outputs is not None and index == s.n_layers - 1
+                x = row_invariant.layer(
+                    x,
+                    (layer.input_norm, layer.post_norm),
+                    s.rms_eps,
+                    self._layer_panels[index],
+                    (cos, sin),
+                    (s.n_heads, s.n_kv_heads),
+                    (self.cache.keys[index], self.cache.values[index]),
+                    start,
+                    calls[0].lengths,
+                    s.head_dim**-0.5,
+                    outputs if last else (0, n),
+                )
+                continue
             if self.any_schedule:  # the small steps on the kernel too: one call each
                 qkv = linear.qkv(row_invariant.rms_norm(x, layer.input_norm, s.rms_eps))
                 q, k = row_invariant.rotary(qkv, s.n_heads, s.n_kv_heads, cos, sin)
@@ -537,15 +561,6 @@ class DecoderRunner:
                 k = k * cos[:, None] + rotate_half(k) * sin[:, None]
             k = k[:n].transpose(0, 1)  # [kv_head, n, head_dim]
             v = qkv[:, q_size + kv_size :].view(rows, s.n_kv_heads, s.head_dim)[:n].transpose(0, 1)
-            if outputs is not None and index == s.n_layers - 1:  # the last layer: the rows asked for
-                first, end = outputs
-                if first == end:  # its keys and values only
-                    self.cache.write(index, start, k, v)
-                    x = x[:0]
-                    break
-                x, q = x[first:end], q[first:end]
-                calls = [AttentionCall(0, end - first, 0, None, None, calls[0].lengths[first:end])]
-                rows = end - first
             attn = q.new_zeros(rows, s.n_heads * s.head_dim)  # padding rows of the forward stay zero
             if tree is not None:
                 # Each root-to-leaf chain in turn is written where plain decoding keeps it, and the

@@ -310,3 +310,58 @@ def test_the_kernel_lets_other_python_threads_run():
     # holding the GIL, the call would leave the other thread no turn in its middle half
     quarter = (ended - started) / 4
     assert any(started + quarter < t < ended - quarter for t in seen), (ended - started, len(seen))
+
+
+@pytest.mark.parametrize("rows", [(0, 5), (4, 5), (5, 5)])
+def test_a_layer_in_one_call_has_the_bits_of_its_steps_one_by_one(rows):
+    """row_invariant.layer against rms_norm, the Linears, rotary, the cache write, attention, silu_mul
+    and the residual adds called one by one: the same output rows and the same cache, bit for bit."""
+    from completion_engine.kv import KVCache
+
+    g = torch.Generator().manual_seed(9)
+    hidden, heads, kv_heads, d, inner, n, start = 48, 6, 2, 40, 80, 5, 37  # d 40: values pad to 2 panels
+    qkv = row_invariant.pack(
+        torch.randn((heads + 2 * kv_heads) * d, hidden, generator=g) / 8,
+        torch.randn((heads + 2 * kv_heads) * d, generator=g),
+    )
+    out, gate_up, down = (
+        row_invariant.pack(torch.randn(o, i, generator=g) / 8)
+        for o, i in ((hidden, heads * d), (2 * inner, hidden), (hidden, inner))
+    )
+    norms = (torch.rand(hidden, generator=g) + 0.5, torch.rand(hidden, generator=g) + 0.5)
+    x = torch.randn(n, hidden, generator=g)
+    angles = torch.rand(n, d, generator=g) * 6
+    cos, sin = angles.cos(), angles.sin()
+    lengths = torch.arange(start + 1, start + n + 1)
+    caches = [KVCache(1, kv_heads, d, 128, torch.float32, CPU, panels=True) for _ in range(2)]
+    earlier = torch.randn(2, kv_heads, start, d, generator=g)
+    for cache in caches:
+        cache.write(0, 0, *earlier)
+
+    one_call = row_invariant.layer(
+        x,
+        norms,
+        1e-5,
+        row_invariant.LayerPanels.of((qkv, out, gate_up, down)),
+        (cos, sin),
+        (heads, kv_heads),
+        (caches[0].keys[0], caches[0].values[0]),
+        start,
+        lengths,
+        d**-0.5,
+        rows,
+    )
+
+    projected = qkv(row_invariant.rms_norm(x, norms[0], 1e-5))
+    q, k = row_invariant.rotary(projected, heads, kv_heads, cos, sin)
+    v = projected[:, (heads + kv_heads) * d :].reshape(n, kv_heads, d)
+    caches[1].write(0, start, k.transpose(0, 1), v.transpose(0, 1))
+    first, end = rows
+    attended = row_invariant.attention(
+        q[first:end].contiguous(), caches[1].keys[0], caches[1].values[0], lengths[first:end], d**-0.5
+    )
+    h = x[first:end] + out(attended)
+    steps = h + down(row_invariant.silu_mul(gate_up(row_invariant.rms_norm(h, norms[1], 1e-5))))
+
+    assert one_call.shape == (end - first, hidden) and torch.equal(one_call, steps)
+    assert torch.equal(caches[0].keys, caches[1].keys) and torch.equal(caches[0].values, caches[1].values)
