@@ -116,7 +116,12 @@ class CompletionEngine:
             )
         elif draft is not None:
             check_compatible(target, draft)
-            draft_runner = DecoderRunner(draft.weights, exact=False, capacity=capacity)
+            # where the target runs on the row-invariant kernel, so does the draft: one kernel call a
+            # layer and no padding there, a cheaper draft token than torch's ops; elsewhere torch's
+            # unpadded forward (a draft's bits never matter, only its speed)
+            draft_runner = DecoderRunner(
+                draft.weights, exact=self.target_runner.any_schedule, capacity=capacity
+            )
             self._model_drafter = ModelDrafter(
                 draft_runner, config.draft_min_prob, draft.vocab_map, target.vocab_size, self.budget.plan
             )

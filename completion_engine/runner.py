@@ -43,8 +43,9 @@ Why these sizes (measured on a 2-core AMX CPU with SmolLM2-135M, bf16; `python -
 - prefill forwards of 128 rows run the GEMMs several times faster per token than 16-row forwards,
   and a 128-row block of positions shares one key bucket, so its attention has no padding rows.
 
-Fast mode (exact=False) runs the rows unpadded through SDPA: quicker, used for draft models, where
-exactness does not matter.
+Fast mode (exact=False) runs the rows unpadded through SDPA: quicker where torch's kernels run, used
+for draft models there, where exactness does not matter (on the row-invariant kernel a draft model
+runs the exact path, which is unpadded and faster there).
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ def test_ngram_with_documents_equals_plain(tiny_target):
 
 
 def test_identical_draft_is_fully_accepted(tiny_target_fp32):
-    # fp32: the draft runs unpadded (fast mode), and in bf16 that alone flips near-tied argmaxes
+    # fp32: on the row-invariant kernel the draft runs the target's very path (elsewhere unpadded fast
+    # mode, and in bf16 that alone flips near-tied argmaxes)
     engine = engine_for(tiny_target_fp32, tiny_target_fp32, k=6)
     for prompt in random_prompts(tiny_target_fp32.vocab_size, 4, seed=3):
         expected = plain(engine, prompt, 30)
