@@ -7,14 +7,8 @@ a sixth of a step (`python -m eval.bench_forward`: 45 ms for a step, 118 ms for 
 context), and 10-token n-gram drafts made decoding slower than plain (`spec-complete bench`:
 ngram 0.85x none, accepting 15% of what it drafted).
 
-Model: a forward of n rows costs c(n) = 1 + ratio * (n - 1) steps. `ratio` is timed once per engine
-(`measure_row_cost`, after a 256-token context), then learned from the target's own forwards as they
-run (`ForwardTimes`: a line t(n) = a + b n through the last 32 forwards' rows and seconds, robust to
-a forward slowed by something else; ratio = b / (a + b)), because it grows with the context: after
-2,000 tokens one more row costs 0.15-0.2 of a step against 0.10-0.15 after 256 (`python -m
-eval.bench_verify_rows --context {256,2000} --threads {1,2}`), and with whatever else loads the
-machine. A ratio set by hand (`--row-cost`) stays fixed.
-A draft's j-th token is accepted, given the ones before it were, with chance
+Model: a forward of n rows costs c(n) = 1 + ratio * (n - 1) steps; `ratio` is timed once per engine
+(`measure_row_cost`). A draft's j-th token is accepted, given the ones before it were, with chance
 q_j, learned per kind of draft (its source and, for n-gram drafts, how long its match was) from the
 steps so far, forgetting old ones. A step that drafts k tokens then yields on average
 
@@ -37,9 +31,7 @@ E(2) / c(3) = 1.75 / 1.4 = 1.25, E(3) / c(4) = 1.875 / 1.6 = 1.17: k = 1 (the fi
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -50,8 +42,6 @@ PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejected) at each depth: q starts
 EXPLORE = 8  # a kind with k = 0 still drafts one token every EXPLORE-th step
 MATCH_CLASSES = (3, 5, 8)  # n-gram match lengths below 3, 3-4, 5-7, 8 and more learn apart
 MODEL = "model"  # the source, and kind, of drafts from a draft model or head: sized by plan()
-TIME_WINDOW = 32  # the recent target forwards whose timings the ratio is learned from
-TIME_MIN_FORWARDS = 8  # forwards, and pairs of forwards of different sizes, before the line counts
 
 
 def draft_kind(draft: Draft) -> str:
@@ -115,64 +105,14 @@ class Acceptance:
             self.rejected.append(0.0)
 
 
-class ForwardTimes:
-    """The target's recent forwards, (rows, seconds), and the line t(n) = a + b n through them.
-
-    Theil-Sen: b is the median of the slopes between pairs of forwards of different sizes, a the
-    median of t - b n; a forward slowed by something else on the machine moves neither.
-    """
-
-    def __init__(self) -> None:
-        self.recent: deque[tuple[int, float]] = deque(maxlen=TIME_WINDOW)
-
-    def add(self, rows: int, seconds: float) -> None:
-        self.recent.append((rows, seconds))
-
-    def ratio(self) -> float | None:
-        """b / (a + b) of the line, or None while the forwards are too few or too alike in size.
-
-        >>> times = ForwardTimes()
-        >>> for rows in (1, 4, 1, 8, 1, 4, 1, 8, 2, 3):
-        ...     times.add(rows, 0.020 + 0.004 * rows)  # a 1-row step 24 ms, each more row 4 ms
-        >>> times.add(4, 0.5)  # the machine was busy
-        >>> round(times.ratio(), 3)
-        0.167
-        """
-        forwards = list(self.recent)
-        slopes = [
-            (t2 - t1) / (n2 - n1)
-            for i, (n1, t1) in enumerate(forwards)
-            for n2, t2 in forwards[i + 1 :]
-            if n2 != n1
-        ]
-        if len(forwards) < TIME_MIN_FORWARDS or len(slopes) < TIME_MIN_FORWARDS:
-            return None
-        per_row = statistics.median(slopes)
-        one_row = statistics.median(t - per_row * n for n, t in forwards) + per_row  # a + b
-        if one_row <= 0.0:
-            return None
-        return min(max(per_row / one_row, 0.0), 1.0)
-
-
 class DraftBudget:
     """Sizes each draft to what pays on this machine, and learns from what was accepted."""
 
-    def __init__(self, ratio: float, draft_cost: float = 0.0, learn_ratio: bool = False) -> None:
+    def __init__(self, ratio: float, draft_cost: float = 0.0) -> None:
         self.ratio = max(ratio, 0.0)  # the cost of one more row, in 1-row steps
         self.draft_cost = max(draft_cost, 0.0)  # the cost of drafting one token with the model, likewise
-        # learn_ratio: the ratio follows the forwards' timings (time_forward) once they fit a line
-        self._times = ForwardTimes() if learn_ratio else None
         self._kinds: dict[str, Acceptance] = {}
         self._steps: dict[str, int] = {}
-
-    def time_forward(self, rows: int, seconds: float) -> None:
-        """A target forward of `rows` rows (a step, a verify block or a tree) took `seconds`."""
-        if self._times is None or rows < 1 or seconds <= 0.0:
-            return
-        self._times.add(rows, seconds)
-        learned = self._times.ratio()
-        if learned is not None:
-            self.ratio = learned
 
     def plan(self, most: int) -> int:
         """How many tokens (or tree nodes) the draft model should draft now, at most `most`."""

@@ -101,9 +101,7 @@ class CompletionEngine:
             row_cost = measure_row_cost(self._probe_forward, rows=min(DECODE_ROWS, config.max_draft + 1))
             self.target_runner.truncate(0)
             logger.info("verify forwards: one more row costs %.2f of a 1-row step", row_cost)
-        # its draft_cost is timed below, once a model drafter exists; a timed ratio then follows the
-        # forwards' timings, a configured one stays as set
-        self.budget = DraftBudget(row_cost, learn_ratio=config.row_cost is None and config.max_draft >= 1)
+        self.budget = DraftBudget(row_cost)  # its draft_cost is timed below, once a model drafter exists
         self.corpus = DocumentCorpus(config.ngram_min)
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
         self._model_drafter: ModelDrafter | EagleDrafter | None = None
@@ -256,7 +254,6 @@ class CompletionEngine:
                 tree = draft is not None and draft.parents is not None
                 if tree and (sampler is not None or self._healing(request.heal, progress.tokens)):
                     drafted, tree = first_chain(draft.tokens, draft.parents), False  # these check chains
-                forward_started = time.perf_counter()
                 if tree:
                     kept, pending = self._verify_tree(pending, draft)
                     stats.tree_steps += 1
@@ -275,8 +272,6 @@ class CompletionEngine:
                     # keep [pending, accepted drafts]: the rest was rejected
                     runner.truncate(base + 1 + accepted)
                     kept = drafted[:accepted]
-                # the step's forward and acceptance (their result read back: a GPU has finished)
-                self.budget.time_forward(1 + len(drafted), time.perf_counter() - forward_started)
                 accepted = len(kept)
                 self._record_step(stats, source, len(drafted), accepted)
                 if drafted:

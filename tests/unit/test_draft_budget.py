@@ -92,25 +92,3 @@ def test_row_cost_is_measured_from_forward_timings():
     calls = []
     assert measure_row_cost(calls.append, rows=4, trials=2) >= 0.0
     assert calls == [1, 1, 1, 4, 4, 4]  # a warm-up and two timed forwards each
-
-
-def test_the_ratio_follows_the_forwards_timings_when_it_was_timed_not_set():
-    learning, fixed = DraftBudget(0.1, learn_ratio=True), DraftBudget(0.1)
-    for rows in (1, 3, 1, 6, 2, 1, 5, 1, 4, 1, 8, 2):  # a longer context: each more row costs half a step
-        for budget in (learning, fixed):
-            budget.time_forward(rows, 0.010 * (1 + 0.5 * (rows - 1)))
-    assert abs(learning.ratio - 0.5) < 1e-9 and fixed.ratio == 0.1
-    for _ in range(40):  # drafts the target takes 60% of the time at every depth
-        for budget in (learning, fixed):
-            budget.observe(ngram(list(range(8))), drafted=8, accepted=0)
-            for depth in range(1, 9):
-                budget.observe(ngram(list(range(8))), drafted=8, accepted=depth)
-    draft = ngram(list(range(8)))
-    assert len(learning.trim(draft).tokens) < len(fixed.trim(draft).tokens)  # costlier rows: shorter drafts
-
-
-def test_forwards_all_of_one_size_leave_the_timed_ratio():
-    budget = DraftBudget(0.2, learn_ratio=True)
-    for _ in range(30):  # 1-row steps only: no line to fit
-        budget.time_forward(1, 0.02)
-    assert budget.ratio == 0.2
