@@ -138,7 +138,7 @@ class CompletionEngine:
         length = min(256, runner.capacity - DECODE_ROWS)
         if len(runner) != length:
             runner.prefill([0] * length)
-        runner.extend([0] * rows)
+        runner.extend([0] * rows, all_logits=True)  # as a verify block: every row's logits
         if runner.device.type == "cuda":
             torch.cuda.synchronize()  # time the work, not its launch
         runner.truncate(length)

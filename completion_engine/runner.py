@@ -464,7 +464,7 @@ class DecoderRunner:
         rows = rows if self.exact else len(tokens)
         n = len(tokens)
         outputs = None  # every row's last-layer output: for the features, all logits, or torch's path
-        if self.any_schedule and self.features is None and not all_logits:
+        if self.any_schedule and self.features is None and not all_logits and rows == n:
             outputs = (n - 1, n) if logits else (n, n)  # the last row's, or none
         hidden = self._forward(tokens, rows, cancel=cancel, outputs=outputs)
         if self.features is not None:

@@ -235,6 +235,10 @@ def test_on_the_kernel_a_prefill_skips_the_last_layer_rows_nobody_reads(make_ker
     lean, full = make_kernel_runner(), make_kernel_runner(keep_features=True)
     assert torch.equal(lean.prefill(ids)[0], full.prefill(ids)[0])
     assert torch.equal(lean.extend(ids[:3]), full.extend(ids[:3]))  # a step's last row, on those keys
+    padded, every_row = make_kernel_runner(decode_buckets=(DECODE_ROWS,)), make_kernel_runner()
+    for runner in (padded, every_row):  # padded rows take the step-by-step path: all rows computed
+        runner.prefill(ids)
+    assert torch.equal(padded.extend(ids[:3]), every_row.extend(ids[:3], all_logits=True)[-1:])
     last = lean.shape.n_layers - 1
     assert torch.equal(lean.cache.keys[last], full.cache.keys[last])
     assert torch.equal(lean.cache.values[last], full.cache.values[last])
