@@ -498,8 +498,8 @@ void write_kv(const torch::Tensor& k, const float* v, int64_t v_stride, torch::T
 
 // One decoder layer of the exact forward (Llama-style: pre-norms, rotary, GQA, SiLU-gated MLP), the
 // very calls, in the same order, that the runner makes one by one from Python: a fixed function of each
-// row's own inputs, so the same bits, without ~25 Python-level operations a layer (about 5 ms of a
-// 1-row decode step of SmolLM2-135M). x [rows, hidden] sits at positions start ..; its keys and values
+// row's own inputs, so the same bits, without ~25 Python-level operations a layer between the parallel
+// calls (two threads, a 1-row step of SmolLM2-135M after 2,000 tokens: 22 -> 17 ms; one thread: no change). x [rows, hidden] sits at positions start ..; its keys and values
 // are written into the layer's cache (keys, values: views of kv.KVCache's panels); rows [first, end)
 // go on past attention (a prefill block needs none of the last layer's, its last block one).
 // linears: (panels, out_features, bias or None) for qkv, out, gate_up, down. -> x [end - first, hidden]
