@@ -19,8 +19,17 @@ SOURCE = textwrap.dedent(inspect.getsource(textwrap))
 
 
 def engine_for(target, draft=None, k: int = 8) -> CompletionEngine:
+    # row_cost=draft_cost=0: drafts keep the size the drafter chose, the same on every machine (a cost
+    # timed at load could cut them, and the test's drafts would then never be rejected)
     config = EngineConfig(
-        target="test", max_draft=k, ngram_min=2, ngram_max=6, draft_min_prob=0.0, kept_outputs=0
+        target="test",
+        max_draft=k,
+        ngram_min=2,
+        ngram_max=6,
+        draft_min_prob=0.0,
+        kept_outputs=0,
+        row_cost=0.0,
+        draft_cost=0.0,
     )
     return CompletionEngine(config, target, draft)
 
