@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <cmath>
 #include <type_traits>
@@ -121,6 +122,29 @@ constexpr int64_t kSlots = 4 * kBlockRows;  // query slots (a row's head) handle
 
 }  // namespace
 
+
+// Items [0, count) for torch's threads: body(claim) runs once per thread and calls claim() for its next
+// item (-1: none left). Dynamic (compute-bound work: prefill blocks): items are handed out one at a
+// time, so a core slowed by other work on the host takes fewer instead of the other waiting at the end
+// for its fixed share. Static (memory-bound steps): each thread takes one contiguous range, a stream
+// the hardware prefetcher follows across items. Which thread computes an item never changes its result.
+template <typename Body>
+inline void parallel_items(int64_t count, bool dynamic, const Body& body) {
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {  // [t0, t1): one thread, or all run inline
+    int64_t item = t0 * count / threads;
+    const int64_t end = t1 * count / threads;
+    body([&]() -> int64_t {
+      if (dynamic) {
+        const int64_t claimed = next.fetch_add(1, std::memory_order_relaxed);
+        return claimed < count ? claimed : -1;
+      }
+      return item < end ? item++ : -1;
+    });
+  });
+}
+
 // weight [N, K] -> panels [ceil(N / 32), K, 32]: panel p, row k holds w[32p .. 32p + 31][k] (zero past N).
 torch::Tensor pack(const torch::Tensor& weight) {
   TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.scalar_type() == torch::kFloat32,
@@ -220,12 +244,12 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   // bf16 panels: widened as rows_block says
-  at::parallel_for(0, count, 1, [&](int64_t p0, int64_t p1) {
+  parallel_items(count, m > kHalfRowsMost, [&](const auto& claim) {
     std::vector<float> acc(((m + kBlockRows - 1) / kBlockRows) * kBlockRows * kPanel);
     // 64-byte aligned, as torch's tensors are: unaligned, half the 32-byte loads split a cache line
     std::vector<float> wide_buffer(narrow && m > kHalfRowsMost ? k * kPanel + 16 : 0);
     float* wide = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(wide_buffer.data()) + 63) & ~uintptr_t{63});
-    for (int64_t p = p0; p < p1; ++p) {
+    for (int64_t p; (p = claim()) >= 0;) {
       for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {
         const int64_t k1 = std::min(k, k0 + kBlockK);
         if (narrow)
@@ -283,9 +307,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
   // a work item: one kv head's chunk of up to kSlots slots (slot = row * group + head in the group)
-  at::parallel_for(0, kv_heads * chunks, 1, [&](int64_t i0, int64_t i1) {
+  parallel_items(kv_heads * chunks, rows > kHalfRowsMost, [&](const auto& claim) {
     std::vector<float> query(kSlots * d), acc(kSlots * kPanel), probs;
-    for (int64_t item = i0; item < i1; ++item) {
+    for (int64_t item; (item = claim()) >= 0;) {
       const int64_t kv = item / chunks, first = (item % chunks) * kSlots, count = std::min(kSlots, slots - first);
       int64_t span = 0;  // keys any slot of the chunk sees
       for (int64_t s = 0; s < count; ++s) {

@@ -41,7 +41,7 @@ def test_a_row_has_the_same_bits_at_every_row_count_place_and_thread_count(out_f
     reference = torch.cat([linear(row[None]) for row in x])  # one row per call
     threads = torch.get_num_threads()
     try:
-        for count in (1, 2):
+        for count in (1, 2, 3):  # 3: uneven shares, more threads than cores
             torch.set_num_threads(count)
             for rows in (2, 3, 4, 7, 16, 128, 130):
                 for first in (0, 1, 2):
@@ -108,7 +108,7 @@ def test_bf16_valued_weights_pack_into_bf16_panels_with_the_bits_of_float32_ones
     x = torch.randn(40, 200, generator=generator)
     threads = torch.get_num_threads()
     try:
-        for count in (1, 2):
+        for count in (1, 2, 3):  # 3: uneven shares, more threads than cores
             torch.set_num_threads(count)
             # whole panels in registers up to 3 rows, half-panel tiles of 3-6 rows up to 16, widened
             # blocks beyond; k = 200 spans two k blocks, so the chains park in acc between them
@@ -161,7 +161,7 @@ def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_cou
     together = row_invariant.attention(q, cache.keys[0], cache.values[0], lengths, 0.125)
     threads = torch.get_num_threads()
     try:
-        for count in (1, 2):
+        for count in (1, 2, 3):  # 3: uneven shares, more threads than cores
             torch.set_num_threads(count)
             alone = [
                 row_invariant.attention(
@@ -226,7 +226,7 @@ def rows_alone_and_together(fn, *row_inputs: torch.Tensor) -> None:
     together = fn(*row_inputs)
     threads = torch.get_num_threads()
     try:
-        for count in (1, 2):
+        for count in (1, 2, 3):  # 3: uneven shares, more threads than cores
             torch.set_num_threads(count)
             for i in range(row_inputs[0].shape[0]):
                 alone = fn(*(t[i : i + 1].contiguous() for t in row_inputs))
