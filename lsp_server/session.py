@@ -54,7 +54,11 @@ from lsp_server.worker import (
 
 logger = logging.getLogger(__name__)
 
-WARM_IDLE_S = 0.3  # a warm-up starts once the documents have not changed for this long
+WARM_IDLE_S = 0.3  # after an edit, a warm-up starts once the documents have not changed for this long
+# after didOpen: only long enough to gather a burst of opens (an editor restoring its tabs sends them
+# together); the newest wins. Every 0.1 s waited here is some 40 context tokens a request right after
+# opening a file must prefill itself (`python eval/bench_ttft.py`, "idle" rows)
+WARM_OPEN_IDLE_S = 0.05
 
 CANCEL_REASONS = {
     "superseded": "superseded by a newer completion request for the same document",
@@ -200,9 +204,8 @@ class ClientSession:
         refused = self.documents.open(uri, text, version, language_id)
         self._feed(uri, refused)
         if refused is None:
-            self._schedule_warm(
-                uri, None
-            )  # no cursor yet: the whole file, whose prefixes later requests reuse
+            # no cursor yet: the whole file, whose prefixes later requests reuse
+            self._schedule_warm(uri, None, WARM_OPEN_IDLE_S)
         if refused and self.limits_hit.get("documents", 0) > full_before:
             if self._told_full:
                 return None
@@ -215,7 +218,7 @@ class ClientSession:
         self._feed(uri, refused)
         if refused is None and changes:
             cursor = self._edit_end(uri, changes[-1])
-            self._schedule_warm(uri, cursor)
+            self._schedule_warm(uri, cursor, WARM_IDLE_S)
             self._follow_edit(uri, cursor)
         return refused if refused and not was_refused else None
 
@@ -254,15 +257,15 @@ class ClientSession:
         text = self.documents.get(uri).text  # text before the change's start is the same as before it
         return offset_at(text, line, character, self.documents.encoding, clamp_line=True) + len(change.text)
 
-    def _schedule_warm(self, uri: str, cursor: int | None) -> None:
-        """Warm up once the documents settle: each open or edit restarts the idle timer."""
+    def _schedule_warm(self, uri: str, cursor: int | None, idle_s: float) -> None:
+        """Warm up once the documents settle for `idle_s`: each open or edit restarts the idle timer."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called outside the server's loop (a unit test): nothing to schedule
             return
         if self._warm_timer is not None:
             self._warm_timer.cancel()
-        self._warm_timer = loop.call_later(WARM_IDLE_S, self._warm, uri, cursor)
+        self._warm_timer = loop.call_later(idle_s, self._warm, uri, cursor)
 
     def _warm(self, uri: str, cursor: int | None) -> None:
         self._warm_timer = None
