@@ -44,7 +44,10 @@ def test_model_and_hybrid_drafts_equal_plain_decoding_on_the_embedded_model(name
     from completion_engine.engine import CompletionEngine
     from completion_engine.types import Request
 
-    engine = CompletionEngine.from_config(EngineConfig(draft_model=name), progress=False)
+    # row_cost=draft_cost=0: drafts keep the size the drafter chose on every machine (costs timed at
+    # load on a busy host could cut model drafts to almost none)
+    config = EngineConfig(draft_model=name, row_cost=0.0, draft_cost=0.0)
+    engine = CompletionEngine.from_config(config, progress=False)
     text = (EXAMPLES / "shapes.py").read_text()
     accepted = 0
     for cut in (180, 330, 520):
