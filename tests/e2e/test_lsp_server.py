@@ -118,14 +118,17 @@ async def test_streamed_partials_arrive_in_order_and_end_with_the_final_result(c
 async def test_a_one_character_edit_reuses_the_cached_prefix(client):
     uri = unique_uri("prefix")
     text = SOURCE * 20
+    warmed_before = (await client.stats())["warm_tokens"]
     client.open(uri, text)
     last_line = text.count("\n")
     await client.inline(uri, last_line, 0)
-    cold = (await client.stats())["recent"][-1]
+    stats = await client.stats()
+    cold = stats["recent"][-1]
     client.edit(uri, 2, last_line, 0, "#")
     await client.inline(uri, last_line, 1)
     warm = (await client.stats())["recent"][-1]
-    assert cold["prefill_tokens"] > 100
+    # the prefix was computed here: by the request, or by the open's warm-up if it started first
+    assert cold["prefill_tokens"] + stats["warm_tokens"] - warmed_before > 100
     assert warm["prefill_tokens"] <= 3, f"one new character should prefill a token or two, not {warm}"
 
 
