@@ -416,15 +416,23 @@ class CompletionEngine:
                 break
         progress.tokens.extend(kept)
         text = strip_heal(self.decode(progress.tokens), request.heal)
-        cut = _first_stop(text, request.stop)
-        if cut is not None:
-            text, progress.done, stats.stop_reason = text[:cut], True, "stop"
-        elif stop_check is not None:
-            keep = stop_check(text)
-            if keep is not None:
-                if not progress.done:
-                    stats.forwards_saved_by_stop = _forwards_for(budget - len(progress.tokens), stats)
-                text, progress.done, stats.stop_reason = text[:keep], True, "syntax"
+        stop = _stop(text, request.stop, stop_check)
+        if stop is not None and len(kept) > 1:
+            # several tokens at once: stop after the first of them at which plain decoding, one token
+            # a step, would have stopped, with its text and tokens (none past it are kept or counted)
+            base = len(progress.tokens) - len(kept)
+            for count in range(1, len(kept)):
+                shorter = strip_heal(self.decode(progress.tokens[: base + count]), request.heal)
+                earlier = _stop(shorter, request.stop, stop_check)
+                if earlier is not None:
+                    del progress.tokens[base + count :]
+                    kept, text, stop = kept[:count], shorter, earlier
+                    break
+        if stop is not None:
+            reason, keep = stop
+            if reason == "syntax" and not progress.done:
+                stats.forwards_saved_by_stop = _forwards_for(budget - len(progress.tokens), stats)
+            text, progress.done, stats.stop_reason = text[:keep], True, reason
         progress.text = text
         visible = text if progress.done else text.rstrip("\ufffd")  # hold back a half-decoded character
         delta = visible[len(progress.emitted) :] if visible.startswith(progress.emitted) else ""
@@ -432,6 +440,16 @@ class CompletionEngine:
         if not delta and not kept:
             return None
         return Chunk(text=delta, tokens=kept, source=source, accepted=min(accepted, len(kept)))
+
+
+def _stop(text: str, stops: tuple[str, ...], stop_check: StopCheck | None) -> tuple[str, int] | None:
+    """Why and where the completion `text` stops: ("stop", cut) at a stop string, ("syntax", keep) by
+    the stop check; None to go on."""
+    cut = _first_stop(text, stops)
+    if cut is not None:
+        return "stop", cut
+    keep = stop_check(text) if stop_check is not None else None
+    return None if keep is None else ("syntax", keep)
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

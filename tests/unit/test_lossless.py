@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -108,6 +109,33 @@ def test_identical_draft_is_fully_accepted(tiny_target_fp32):
         generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft="model"))
         assert generation.tokens == expected
         assert generation.stats.accepted == generation.stats.drafted > 0
+
+
+def test_a_stop_inside_an_accepted_draft_keeps_what_plain_decoding_keeps(tiny_target_fp32):
+    """A stop check or stop string that fires inside a chunk of accepted tokens: the same text, tokens
+    and reason as plain decoding, which checks after every token (none past the stop are kept)."""
+    engine = engine_for(tiny_target_fp32, tiny_target_fp32, k=6)
+
+    def at_length(chars: int):
+        return lambda text: chars if len(text) >= chars else None
+
+    checked = 0
+    for prompt in random_prompts(tiny_target_fp32.vocab_size, 4, seed=21):
+        free = engine.decode(plain(engine, prompt, 30))
+        requests = [
+            (Request(context=prompt, max_new_tokens=30), at_length(chars))
+            for chars in (len(free) // 3, len(free) // 2)
+        ]
+        requests.append(
+            (Request(context=prompt, max_new_tokens=30, stop=(free[len(free) // 2 :][:3],)), None)
+        )
+        for request, check in requests:
+            expected = engine.complete(replace(request, draft="none"), stop_check=check)
+            generation = engine.complete(replace(request, draft="model"), stop_check=check)
+            assert (generation.tokens, generation.text) == (expected.tokens, expected.text)
+            assert generation.stats.stop_reason == expected.stats.stop_reason in ("stop", "syntax")
+            checked += generation.stats.accepted > 1  # the stop fell after a chunk of several tokens
+    assert checked
 
 
 class WrongDrafter:
