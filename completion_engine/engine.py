@@ -415,19 +415,21 @@ class CompletionEngine:
                 progress.done, stats.stop_reason = True, "length"
                 break
         progress.tokens.extend(kept)
-        text = strip_heal(self.decode(progress.tokens), request.heal)
-        stop = _stop(text, request.stop, stop_check)
-        if stop is not None and len(kept) > 1:
-            # several tokens at once: stop after the first of them at which plain decoding, one token
-            # a step, would have stopped, with its text and tokens (none past it are kept or counted)
-            base = len(progress.tokens) - len(kept)
-            for count in range(1, len(kept)):
-                shorter = strip_heal(self.decode(progress.tokens[: base + count]), request.heal)
-                earlier = _stop(shorter, request.stop, stop_check)
-                if earlier is not None:
+        # Plain decoding checks the stops after every token, so a step of several tokens checks them
+        # after each in turn and ends at the first that stops, with that text and those tokens (a
+        # check may fire on a shorter text and not on a longer one: a line that ends like the
+        # suffix's start, then goes on)
+        base = len(progress.tokens) - len(kept)
+        checks = bool(request.stop) or stop_check is not None
+        stop, text = None, ""
+        for count in range(1, len(kept) + 1) if checks and len(kept) > 1 else (len(kept),):
+            text = strip_heal(self.decode(progress.tokens[: base + count]), request.heal)
+            stop = _stop(text, request.stop, stop_check)
+            if stop is not None:
+                if count < len(kept):  # what came after it (an EOS, the length) was not reached
                     del progress.tokens[base + count :]
-                    kept, text, stop = kept[:count], shorter, earlier
-                    break
+                    kept, progress.done = kept[:count], False
+                break
         if stop is not None:
             reason, keep = stop
             if reason == "syntax" and not progress.done:

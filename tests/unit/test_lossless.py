@@ -116,16 +116,22 @@ def test_a_stop_inside_an_accepted_draft_keeps_what_plain_decoding_keeps(tiny_ta
     and reason as plain decoding, which checks after every token (none past the stop are kept)."""
     engine = engine_for(tiny_target_fp32, tiny_target_fp32, k=6)
 
-    def at_length(chars: int):
+    def at_length(chars: int):  # fires on every text from `chars` characters on
         return lambda text: chars if len(text) >= chars else None
 
-    checked = 0
+    def ending_with(marker: str):  # fires on a text that ends so, not once it goes on
+        return lambda text: len(text) if text.endswith(marker) else None
+
+    cut_inside = 0
     for prompt in random_prompts(tiny_target_fp32.vocab_size, 4, seed=21):
-        free = engine.decode(plain(engine, prompt, 30))
+        free_tokens = plain(engine, prompt, 30)
+        free = engine.decode(free_tokens)
         requests = [
             (Request(context=prompt, max_new_tokens=30), at_length(chars))
             for chars in (len(free) // 3, len(free) // 2)
         ]
+        marker = engine.decode(free_tokens[:17])[-3:]  # ends at a token boundary: plain decoding stops
+        requests.append((Request(context=prompt, max_new_tokens=30), ending_with(marker)))
         requests.append(
             (Request(context=prompt, max_new_tokens=30, stop=(free[len(free) // 2 :][:3],)), None)
         )
@@ -134,8 +140,10 @@ def test_a_stop_inside_an_accepted_draft_keeps_what_plain_decoding_keeps(tiny_ta
             generation = engine.complete(replace(request, draft="model"), stop_check=check)
             assert (generation.tokens, generation.text) == (expected.tokens, expected.text)
             assert generation.stats.stop_reason == expected.stats.stop_reason in ("stop", "syntax")
-            checked += generation.stats.accepted > 1  # the stop fell after a chunk of several tokens
-    assert checked
+            stats = generation.stats
+            produced = 1 + sum((accepted + 1) * steps for accepted, steps in stats.accepted_hist.items())
+            cut_inside += produced > len(generation.tokens)  # the stop fell inside a step's tokens
+    assert cut_inside
 
 
 class WrongDrafter:
