@@ -23,7 +23,7 @@ from completion_engine.models import LoadedModel, ModelLoadError
 from completion_engine.runner import DecoderRunner
 from completion_engine.types import Request
 from tests.conftest import tiny_loaded
-from tests.unit.test_lossless import corrupted, plain, random_prompts
+from tests.unit.test_lossless import corrupted, engine_for, plain, random_prompts
 from tests.unit.test_runner import CancelAfter
 from tests.unit.test_sampling import next_token_probs, second_tokens, total_variation
 
@@ -50,18 +50,8 @@ def near_head(target: LoadedModel, subset: int = 480) -> EagleWeights:
 
 
 def eagle_engine(target: LoadedModel, k: int = 8, tree: bool = True) -> CompletionEngine:
-    config = EngineConfig(
-        target="test",
-        max_draft=k,
-        ngram_min=2,
-        ngram_max=6,
-        draft_min_prob=0.0,
-        kept_outputs=0,
-        eagle_tree=tree,
-        row_cost=0.0,  # drafts keep the size the head chose: the same runs on every machine
-        draft_cost=0.0,
-    )
-    return CompletionEngine(config, target, near_head(target))
+    # row_cost=draft_cost=0 (engine_for): drafts keep the size the head chose, the same on every machine
+    return engine_for(target, near_head(target), k=k, eagle_tree=tree)
 
 
 @pytest.mark.parametrize("k", [1, 4, 15])

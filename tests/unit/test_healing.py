@@ -10,28 +10,12 @@ import pytest
 import torch
 
 from completion_engine.completion import CompletionOptions, Cursor, build_prompt, complete
-from completion_engine.config import EngineConfig
 from completion_engine.engine import CompletionEngine
 from completion_engine.healing import TokenTable, allowed_tokens, ends_in_blank, heal_split, remaining_heal
 from completion_engine.types import Draft, Request
+from tests.unit.test_lossless import engine_for  # drafts keep their size on every machine
 
 SOURCE = textwrap.dedent(inspect.getsource(textwrap))
-
-
-def engine_for(target, draft=None, k: int = 8) -> CompletionEngine:
-    # row_cost=draft_cost=0: drafts keep the size the drafter chose, the same on every machine (a cost
-    # timed at load could cut them, and the test's drafts would then never be rejected)
-    config = EngineConfig(
-        target="test",
-        max_draft=k,
-        ngram_min=2,
-        ngram_max=6,
-        draft_min_prob=0.0,
-        kept_outputs=0,
-        row_cost=0.0,
-        draft_cost=0.0,
-    )
-    return CompletionEngine(config, target, draft)
 
 
 def plain(engine: CompletionEngine, context: list[int], heal: str, max_new: int) -> list[int]:

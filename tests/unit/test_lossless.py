@@ -40,6 +40,7 @@ def engine_for(
     exact: bool = True,
     row_cost: float = 0.0,
     draft_cost: float = 0.0,
+    **settings,
 ):
     # kept_outputs=0: the plain run's output must not become a perfect draft for the run it is compared with;
     # row_cost=draft_cost=0: drafts keep the size the drafter chose (test_drafts_cut_by_the_budget_equal_plain
@@ -54,6 +55,7 @@ def engine_for(
         kept_outputs=0,
         row_cost=row_cost,
         draft_cost=draft_cost,
+        **settings,
     )
     return CompletionEngine(config, target, draft)
 
