@@ -3,6 +3,7 @@ distribution; the runner's features are the ones plain decoding computes; traini
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -225,3 +226,53 @@ def test_the_heads_token_cost_is_timed_when_the_engine_loads(one_layer_target):
     prompt = random_prompts(one_layer_target.vocab_size, 1, seed=5)[0]
     expected = plain(engine, prompt, 12)
     assert engine.complete(Request(context=prompt, max_new_tokens=12, draft="model")).tokens == expected
+
+
+@pytest.fixture(scope="module")
+def float32_target(tiny_tokenizer) -> LoadedModel:
+    """A float32 target: its runners, and so the head's Linears, run on the row-invariant kernel."""
+    return tiny_loaded(tiny_tokenizer, seed=5, layers=1, dtype=torch.float32)
+
+
+def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(float32_target, monkeypatch):
+    from completion_engine import row_invariant
+
+    weights = near_head(float32_target)
+    packed = EagleHead(weights, 256)
+    assert all(isinstance(linear, row_invariant.PackedLinear) for linear in vars_of(packed.linears))
+    monkeypatch.setattr(row_invariant, "usable", lambda dtype, device: False)
+
+    def bf16(m: torch.Tensor) -> torch.Tensor:  # the panels hold the Linears' weights in bf16
+        return m.bfloat16().float()
+
+    w = weights.layer
+    linears = ("qkv", "out", "gate_up", "down")
+    layer = dataclasses.replace(w, **{name: bf16(getattr(w, name)) for name in linears})
+    rounded = dataclasses.replace(weights, fc=bf16(weights.fc), head=bf16(weights.head), layer=layer)
+    plain_torch = EagleHead(rounded, 256)
+    assert not any(isinstance(linear, row_invariant.PackedLinear) for linear in vars_of(plain_torch.linears))
+    features = torch.randn(40, weights.shape.hidden, generator=torch.Generator().manual_seed(0))
+    tokens = (random_prompts(float32_target.vocab_size, 1, seed=8)[0] * 4)[:40]
+    with torch.inference_mode():
+        for head in (packed, plain_torch):
+            head.forward(features[:39], tokens[:39], range(39))  # a catch-up block, then one draft row
+        rows = [head.forward(features[39:], tokens[39:], [39]) for head in (packed, plain_torch)]
+        logits = [head.logits(row) for head, row in zip((packed, plain_torch), rows, strict=True)]
+    torch.testing.assert_close(rows[0], rows[1], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def vars_of(linears) -> list:
+    return [getattr(linears, field.name) for field in dataclasses.fields(linears)]
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_eagle_on_the_kernel_equals_plain(float32_target, tree):
+    engine = eagle_engine(float32_target, k=6, tree=tree)
+    accepted = 0
+    for prompt in random_prompts(float32_target.vocab_size, 6, seed=12):
+        expected = plain(engine, prompt, 30)
+        generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft="model"))
+        assert generation.tokens == expected, f"eagle (tree={tree}) diverged on prompt {prompt}"
+        accepted += generation.stats.accepted
+    assert accepted > 0
