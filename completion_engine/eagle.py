@@ -38,13 +38,18 @@ class EagleConfig:
 
 
 def save_eagle(folder: Path, weights: EagleWeights, config: EagleConfig) -> None:
+    """The head's own parameters in bf16: half the file, and on the CPU kernel its Linears stream bf16
+    panels (half the bytes a draft token reads); the shipped head's held-out agreement measured the
+    same rounded as in float32 (39.3%)."""
     from safetensors.torch import save_file
 
-    state = {"fc": weights.fc, "feature_norm": weights.feature_norm, "vocab_map": weights.vocab_map}
+    state = {"fc": weights.fc, "feature_norm": weights.feature_norm}
     for name in LAYER_FIELDS:
         state[f"layer.{name}"] = getattr(weights.layer, name)
+    state = {k: v.detach().to(torch.bfloat16) for k, v in state.items()}
+    state["vocab_map"] = weights.vocab_map
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / EAGLE_WEIGHTS))
+    save_file({k: v.contiguous().cpu() for k, v in state.items()}, str(folder / EAGLE_WEIGHTS))
     (folder / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2) + "\n")
 
 
