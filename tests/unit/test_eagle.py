@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from completion_engine.config import EngineConfig
 from completion_engine.drafting.eagle import EagleDrafter, EagleHead, EagleWeights, TreeSettings
@@ -210,6 +211,9 @@ def test_saved_head_loads_and_is_checked(one_layer_target, tmp_path):
     assert is_eagle_head(str(tmp_path)) and not is_eagle_head(str(tmp_path / "nothing"))
     loaded = load_eagle(one_layer_target.weights, tmp_path)
     assert torch.equal(loaded.fc, weights.fc) and torch.equal(loaded.vocab_map, weights.vocab_map)
+    stored = load_file(str(tmp_path / "eagle.safetensors"))  # the head's parameters in bf16
+    assert {t.dtype for name, t in stored.items() if name != "vocab_map"} == {torch.bfloat16}
+    assert stored["vocab_map"].dtype == torch.long
     assert torch.equal(loaded.layer.qkv, weights.layer.qkv)
     with pytest.raises(ModelLoadError, match="not installed"):
         load_eagle(one_layer_target.weights, tmp_path / "missing")
@@ -226,6 +230,11 @@ def test_the_heads_token_cost_is_timed_when_the_engine_loads(one_layer_target):
     prompt = random_prompts(one_layer_target.vocab_size, 1, seed=5)[0]
     expected = plain(engine, prompt, 12)
     assert engine.complete(Request(context=prompt, max_new_tokens=12, draft="model")).tokens == expected
+
+
+def vars_of(linears) -> list:
+    """The callables of a HeadLinears."""
+    return [getattr(linears, field.name) for field in dataclasses.fields(linears)]
 
 
 @pytest.fixture(scope="module")
@@ -262,17 +271,17 @@ def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
 
 
-def vars_of(linears) -> list:
-    return [getattr(linears, field.name) for field in dataclasses.fields(linears)]
-
-
 @pytest.mark.parametrize("tree", [False, True])
 def test_eagle_on_the_kernel_equals_plain(float32_target, tree):
+    from completion_engine.row_invariant import PackedLinear
+
     engine = eagle_engine(float32_target, k=6, tree=tree)
-    accepted = 0
+    assert all(isinstance(linear, PackedLinear) for linear in vars_of(engine._model_drafter.head.linears))
+    accepted = drafted = 0
     for prompt in random_prompts(float32_target.vocab_size, 6, seed=12):
         expected = plain(engine, prompt, 30)
         generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft="model"))
         assert generation.tokens == expected, f"eagle (tree={tree}) diverged on prompt {prompt}"
         accepted += generation.stats.accepted
-    assert accepted > 0
+        drafted += generation.stats.drafted
+    assert 0 < accepted < drafted, "the cases should cover both acceptance and rejection"
