@@ -197,15 +197,14 @@ def held_out_agreement(head: TrainableHead, data: TargetPass, batch: int) -> Agr
         agree[0] += int(hits.sum())
         total[0] += top1.numel()
         greedy = ids[:, 1:] == choices[:, :-1]  # x_{t+1} is what the target chose after x_t
-        agree[2] += int((hits & greedy).sum())
-        total[2] += int(greedy.sum())
+        agree[1] += int((hits & greedy).sum())
+        total[1] += int(greedy.sum())
         # position t >= 1 again, from the head's guess g_{t-1} of f_t
         second_in = torch.cat([feats[:, :1], first[:, :-1]], dim=1)
         second = head.vocab_map[head.logits(head(second_in, ids[:, 1:])).argmax(-1)]
-        agree[1] += int((second[:, 1:] == choices[:, 2:]).sum())
-        total[1] += second[:, 1:].numel()
-    first_all, second_all, on_greedy = (a / max(t, 1) for a, t in zip(agree, total, strict=True))
-    return Agreement(first=first_all, on_greedy=on_greedy, second=second_all)
+        agree[2] += int((second[:, 1:] == choices[:, 2:]).sum())
+        total[2] += second[:, 1:].numel()
+    return Agreement(*(a / max(t, 1) for a, t in zip(agree, total, strict=True)))  # in its fields' order
 
 
 def learning_rate(step: int, total: int, elapsed_min: float, settings: EagleSettings) -> float:
