@@ -73,8 +73,8 @@ class TreeSettings:
     max_leaves: int = 3  # root-to-leaf chains in the kept tree (verify cost grows with each)
 
 
-def head_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-    """x -> x @ weight.T, on the row-invariant kernel where runners use it, else torch's.
+def head_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> Linear:
+    """x -> x @ weight.T, on the row-invariant kernel's panels when `packed`, else torch's.
 
     A draft token is one row: it streams every weight once, so it runs at memory speed on the
     kernel's packed panels, in bf16 (half the bytes; the LM head rows borrowed from the target are
@@ -83,7 +83,7 @@ def head_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linea
     0.87 ms, against an 18 ms target step. The draft's bits need not match anything: verification
     keeps the output exact.
     """
-    if row_invariant.usable(weight.dtype, weight.device):
+    if packed:
         return row_invariant.pack(weight.bfloat16().float(), bias, bf16=True)
     return torch_linear(weight, bias)
 
@@ -100,24 +100,27 @@ class HeadLinears:
     head: Linear
 
     @classmethod
-    def of(cls, w: EagleWeights) -> HeadLinears:
+    def of(cls, w: EagleWeights, packed: bool) -> HeadLinears:
         layer = w.layer
         return cls(
-            fc=head_linear(w.fc),
-            qkv=head_linear(layer.qkv, layer.qkv_bias),
-            out=head_linear(layer.out),
-            gate_up=head_linear(layer.gate_up),
-            down=head_linear(layer.down),
-            head=head_linear(w.head),
+            fc=head_linear(w.fc, None, packed),
+            qkv=head_linear(layer.qkv, layer.qkv_bias, packed),
+            out=head_linear(layer.out, None, packed),
+            gate_up=head_linear(layer.gate_up, None, packed),
+            down=head_linear(layer.down, None, packed),
+            head=head_linear(w.head, None, packed),
         )
 
 
 class EagleHead:
     """The head's layer with its own KV cache; a slot per head position (tree nodes after the context)."""
 
-    def __init__(self, weights: EagleWeights, capacity: int) -> None:
+    def __init__(self, weights: EagleWeights, capacity: int, packed: bool | None = None) -> None:
+        """packed: the Linears on the row-invariant kernel (None: wherever that kernel is usable)."""
         self.w = weights
-        self.linears = HeadLinears.of(weights)
+        if packed is None:
+            packed = row_invariant.usable(weights.embed.dtype, weights.embed.device)
+        self.linears = HeadLinears.of(weights, packed)
         s = weights.shape
         self.capacity = round_up(capacity, 128)
         device, dtype = weights.embed.device, weights.embed.dtype
@@ -209,7 +212,8 @@ class EagleDrafter:
         if runner.features is None:
             raise ValueError("the EAGLE head needs a target runner built with keep_features=True")
         self.runner = runner
-        self.head = EagleHead(weights, runner.cache.capacity)
+        # on the kernel exactly where the target's runner is (a float32 runner forced onto torch too)
+        self.head = EagleHead(weights, runner.cache.capacity, packed=runner.row_invariant_kernel)
         self.vocab_map = weights.vocab_map
         self.target_vocab = runner.shape.vocab
         self.min_prob = min_prob

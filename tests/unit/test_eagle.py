@@ -243,13 +243,12 @@ def float32_target(tiny_tokenizer) -> LoadedModel:
     return tiny_loaded(tiny_tokenizer, seed=5, layers=1, dtype=torch.float32)
 
 
-def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(float32_target, monkeypatch):
+def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(float32_target):
     from completion_engine import row_invariant
 
     weights = near_head(float32_target)
     packed = EagleHead(weights, 256)
     assert all(isinstance(linear, row_invariant.PackedLinear) for linear in vars_of(packed.linears))
-    monkeypatch.setattr(row_invariant, "usable", lambda dtype, device: False)
 
     def bf16(m: torch.Tensor) -> torch.Tensor:  # the panels hold the Linears' weights in bf16
         return m.bfloat16().float()
@@ -258,7 +257,7 @@ def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(
     linears = ("qkv", "out", "gate_up", "down")
     layer = dataclasses.replace(w, **{name: bf16(getattr(w, name)) for name in linears})
     rounded = dataclasses.replace(weights, fc=bf16(weights.fc), head=bf16(weights.head), layer=layer)
-    plain_torch = EagleHead(rounded, 256)
+    plain_torch = EagleHead(rounded, 256, packed=False)
     assert not any(isinstance(linear, row_invariant.PackedLinear) for linear in vars_of(plain_torch.linears))
     features = torch.randn(40, weights.shape.hidden, generator=torch.Generator().manual_seed(0))
     tokens = (random_prompts(float32_target.vocab_size, 1, seed=8)[0] * 4)[:40]
@@ -269,6 +268,18 @@ def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(
         logits = [head.logits(row) for head, row in zip((packed, plain_torch), rows, strict=True)]
     torch.testing.assert_close(rows[0], rows[1], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+def test_the_drafters_head_is_packed_exactly_where_the_targets_runner_is(float32_target, kernel):
+    from completion_engine import row_invariant
+
+    runner = DecoderRunner(
+        float32_target.weights, exact=True, capacity=256, keep_features=True, row_invariant_kernel=kernel
+    )
+    drafter = EagleDrafter(runner, near_head(float32_target), 0.0, None)
+    packed = [isinstance(linear, row_invariant.PackedLinear) for linear in vars_of(drafter.head.linears)]
+    assert packed == [kernel] * len(packed)
 
 
 @pytest.mark.parametrize("tree", [False, True])
