@@ -35,6 +35,7 @@ class EagleConfig:
     subset_size: int  # tokens the head's LM head covers
     target: str  # the target it was trained for
     hidden: int  # the target's width, checked at load
+    window: int | None = None  # the length of its training windows: how far back it attends
 
 
 def save_eagle(folder: Path, weights: EagleWeights, config: EagleConfig) -> None:
@@ -59,7 +60,10 @@ def eagle_available(folder: Path | None = None) -> bool:
 
 
 def eagle_weights(
-    target: DecoderWeights, state: dict[str, torch.Tensor], vocab_map: torch.Tensor
+    target: DecoderWeights,
+    state: dict[str, torch.Tensor],
+    vocab_map: torch.Tensor,
+    window: int | None = None,
 ) -> EagleWeights:
     """Head parameters (any dtype) next to the target's borrowed parts, on the target's device and dtype."""
     device, dtype = target.embed.device, target.embed.dtype
@@ -80,6 +84,7 @@ def eagle_weights(
         vocab_map=vocab_map,
         inv_freq=target.inv_freq,
         rope_scale=target.rope_scale,
+        window=window,
     )
 
 
@@ -107,4 +112,4 @@ def load_eagle(target: DecoderWeights, spec: str | Path | None = None) -> EagleW
             f"not for a target of width {target.shape.hidden}"
         )
     state = load_file(str(folder / EAGLE_WEIGHTS))
-    return eagle_weights(target, state, state["vocab_map"])
+    return eagle_weights(target, state, state["vocab_map"], config.window)

@@ -319,7 +319,10 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     agreement = held_out_agreement(head, test, settings.batch)
     out = Path(args.out or EAGLE_DIR)
     config = EagleConfig(
-        subset_size=len(vocab_map), target="smollm2-135m", hidden=target.weights.shape.hidden
+        subset_size=len(vocab_map),
+        target="smollm2-135m",
+        hidden=target.weights.shape.hidden,
+        window=settings.seq_len,  # it never saw keys further back (see drafting/eagle.EagleHead)
     )
     save_eagle(out, head.export(target.weights), config)
     minutes = (time.monotonic() - started) / 60

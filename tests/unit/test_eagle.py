@@ -35,7 +35,7 @@ def one_layer_target(tiny_tokenizer) -> LoadedModel:
     return tiny_loaded(tiny_tokenizer, seed=5, layers=1)
 
 
-def near_head(target: LoadedModel, subset: int = 480) -> EagleWeights:
+def near_head(target: LoadedModel, subset: int = 480, window: int | None = None) -> EagleWeights:
     """A head that mostly agrees with a one-layer target: its layer is the target's, fed the next token.
 
     Head slot i computes layer(embed(x_{i+1})) (plus a trace of the feature f_i) at position i, where
@@ -48,18 +48,21 @@ def near_head(target: LoadedModel, subset: int = 480) -> EagleWeights:
         "feature_norm": torch.ones(hidden),
         **{f"layer.{name}": getattr(w.layers[-1], name) for name in LAYER_FIELDS},
     }
-    return eagle_weights(w, state, torch.arange(subset))
+    return eagle_weights(w, state, torch.arange(subset), window)
 
 
-def eagle_engine(target: LoadedModel, k: int = 8, tree: bool = True) -> CompletionEngine:
+def eagle_engine(
+    target: LoadedModel, k: int = 8, tree: bool = True, window: int | None = None
+) -> CompletionEngine:
     # row_cost=draft_cost=0 (engine_for): drafts keep the size the head chose, the same on every machine
-    return engine_for(target, near_head(target), k=k, eagle_tree=tree)
+    return engine_for(target, near_head(target, window=window), k=k, eagle_tree=tree)
 
 
+@pytest.mark.parametrize("window", [None, 6])
 @pytest.mark.parametrize("k", [1, 4, 15])
 @pytest.mark.parametrize("shape", ["tree", "chain"])
-def test_eagle_greedy_equals_plain(one_layer_target, shape, k):
-    engine = eagle_engine(one_layer_target, k=k, tree=shape == "tree")
+def test_eagle_greedy_equals_plain(one_layer_target, shape, k, window):
+    engine = eagle_engine(one_layer_target, k=k, tree=shape == "tree", window=window)
     accepted = drafted = trees = 0
     for prompt in random_prompts(one_layer_target.vocab_size, 10, seed=k):
         expected = plain(engine, prompt, 40)
@@ -207,10 +210,12 @@ def test_drafting_computes_what_training_computes(one_layer_target):
 
 def test_saved_head_loads_and_is_checked(one_layer_target, tmp_path):
     weights = near_head(one_layer_target)
-    save_eagle(tmp_path, weights, EagleConfig(subset_size=480, target="tiny", hidden=weights.shape.hidden))
+    config = EagleConfig(subset_size=480, target="tiny", hidden=weights.shape.hidden, window=512)
+    save_eagle(tmp_path, weights, config)
     assert is_eagle_head(str(tmp_path)) and not is_eagle_head(str(tmp_path / "nothing"))
     loaded = load_eagle(one_layer_target.weights, tmp_path)
     assert torch.equal(loaded.fc, weights.fc) and torch.equal(loaded.vocab_map, weights.vocab_map)
+    assert loaded.window == 512
     stored = load_file(str(tmp_path / "eagle.safetensors"))  # the head's parameters in bf16
     assert {t.dtype for name, t in stored.items() if name != "vocab_map"} == {torch.bfloat16}
     assert stored["vocab_map"].dtype == torch.long
@@ -268,6 +273,36 @@ def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(
         logits = [head.logits(row) for head, row in zip((packed, plain_torch), rows, strict=True)]
     torch.testing.assert_close(rows[0], rows[1], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_windowed_head_sees_only_its_window_in_blocks_and_row_by_row(float32_target):
+    window = 8
+    weights = near_head(float32_target, window=window)
+    hidden = weights.shape.hidden
+    dtype = weights.embed.dtype
+    features = torch.randn(30, hidden, generator=torch.Generator().manual_seed(1)).to(dtype)
+    tokens = (random_prompts(float32_target.vocab_size, 1, seed=9)[0] * 8)[:30]
+    other = features.clone()
+    other[:10] = torch.randn(10, hidden, generator=torch.Generator().manual_seed(2)).to(dtype)  # slots 0..9
+
+    def rows(head: EagleHead, feats: torch.Tensor, block: int) -> torch.Tensor:
+        return torch.cat(
+            [
+                head.forward(feats[i : i + block], tokens[i : i + block], range(i, i + block))
+                for i in range(0, 30, block)
+            ]
+        )
+
+    with torch.inference_mode():
+        blocks = rows(EagleHead(weights, 64), features, 15)
+        singly = rows(EagleHead(weights, 64), features, 1)
+        changed = rows(EagleHead(weights, 64), other, 15)
+        unwindowed = rows(EagleHead(dataclasses.replace(weights, window=None), 64), other, 15)
+    torch.testing.assert_close(blocks, singly, rtol=1e-4, atol=1e-4)
+    # row 17 attends to slots 10..17: the changed slots 0..9 are out of its window and of later rows'
+    assert torch.equal(blocks[10 + window - 1 :], changed[10 + window - 1 :])
+    assert not torch.equal(blocks[10 + window - 1 :], unwindowed[10 + window - 1 :])
+    assert not torch.equal(blocks[10 + window - 2], changed[10 + window - 2])  # row 16 still sees slot 9
 
 
 @pytest.mark.parametrize("kernel", [False, True])
