@@ -141,9 +141,14 @@ class EagleHead:
         self.sin = (emb.sin() * weights.rope_scale).to(dtype)
         self.tokens: list[int] = []  # x_0 .. x_n: slot i holds the pair (f_i, x_{i+1})
         self.length = 0  # slots in use
+        self.first = 0  # slots before it were not computed (see EagleDrafter._sync)
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
+
+    def restart(self, first: int) -> None:
+        """Compute from slot `first` on: the slots before it count as never computed."""
+        self.first = self.length = first
 
     def forward(
         self,
@@ -284,10 +289,19 @@ class EagleDrafter:
         """
         head = self.head
         keep = max(0, min(common_prefix_len(head.tokens, context[: slots + 1]) - 1, head.length, slots - 1))
-        head.truncate(keep)
+        # A windowed head's rows from the last slot on see `window` slots back at most, so older
+        # slots need not be computed (after a cold 2,000-token prefill: 512 head rows, not 2,000).
+        # A slot's keys and values depend on its own pair only, so the rows computed here are right
+        # even where they look back at slots that were not: only the last row's output is used.
+        window = self.head.w.window
+        needed = 0 if window is None else max(0, slots - window)
+        if keep < needed or needed < head.first:  # a gap before `keep`, or slots never computed
+            head.restart(needed)
+        else:
+            head.truncate(keep)
         head.tokens = list(context[: slots + 1])
         predicted = None
-        for begin in range(keep, slots, SYNC_ROWS):
+        for begin in range(head.length, slots, SYNC_ROWS):
             if cancel is not None and cancel.is_set():
                 return None
             end = min(slots, begin + SYNC_ROWS)

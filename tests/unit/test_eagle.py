@@ -305,6 +305,27 @@ def test_a_windowed_head_sees_only_its_window_in_blocks_and_row_by_row(float32_t
     assert not torch.equal(blocks[10 + window - 2], changed[10 + window - 2])  # row 16 still sees slot 9
 
 
+def test_a_windowed_heads_catch_up_skips_old_slots_and_predicts_what_computing_all_would(float32_target):
+    window = 8
+    weights = near_head(float32_target, window=window)
+    runner = DecoderRunner(float32_target.weights, exact=True, capacity=256, keep_features=True)
+    drafter = EagleDrafter(runner, weights, 0.0, None)
+    base = random_prompts(float32_target.vocab_size, 1, seed=12)[0] * 8
+    # long; shorter, sharing a prefix (slots never computed are needed); longer again; a step on
+    # (the cached slots are kept: the first computed slot stays)
+    third = base[:30] + [5] + base[40:70]
+    for context, first in ((base[:60], 51), (base[:30] + [5], 22), (third, 52), (third + base[70:73], 52)):
+        slots = len(context) - 1
+        runner.prefill(context[:-1])
+        with torch.inference_mode():
+            predicted = drafter._sync(context, slots)
+            full = EagleHead(weights, 256).forward(
+                runner.features[:slots], context[1 : slots + 1], range(slots)
+            )
+        assert drafter.head.first == first  # the window's slots were computed, not those before
+        torch.testing.assert_close(predicted, full[-1:], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel", [False, True])
 def test_the_drafters_head_is_packed_exactly_where_the_targets_runner_is(float32_target, kernel):
     from completion_engine import row_invariant
