@@ -91,7 +91,11 @@ class CompletionEngine:
         capacity = config.max_context + GENERATION_ROOM
         eagle = isinstance(draft, EagleWeights)
         self.target_runner = DecoderRunner(
-            target.weights, exact=config.exact, capacity=capacity, keep_features=eagle
+            target.weights,
+            exact=config.exact,
+            capacity=capacity,
+            keep_features=eagle,
+            feature_window=draft.window if eagle else None,  # the head looks no further back
         )
         self.threads = choose_threads(self._probe_step) if self.target_runner.device.type == "cpu" else 0
         row_cost = config.row_cost

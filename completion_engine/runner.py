@@ -219,6 +219,7 @@ class DecoderRunner:
         keep_features: bool = False,
         decode_buckets: tuple[int, ...] | None = None,
         row_invariant_kernel: bool | None = None,
+        feature_window: int | None = None,
     ) -> None:
         self.w = weights
         self.shape = weights.shape
@@ -269,6 +270,13 @@ class DecoderRunner:
             if keep_features
             else None
         )
+        # feature_window: a prefill keeps the features of its last `feature_window` positions only
+        # (a head that looks no further back needs no more); on the kernel the last layer's other
+        # rows are then not computed, as without features (about 1/30 of a prefill).
+        # features_valid[p]: whether features[p] was computed for the token cached at p.
+        self.feature_window = feature_window
+        self.features_valid = torch.zeros(self.cache.capacity, dtype=torch.bool)
+        self._features_from = 0  # during a prefill: the first position whose features it keeps
         # row counts of decode forwards, smallest first: (DECODE_ROWS,) unless smaller forwards give
         # the same bits (None: probe this machine's kernels with these weights)
         if decode_buckets is None and self.any_schedule:
@@ -321,13 +329,18 @@ class DecoderRunner:
             # request waits at most one block, not a whole context). On the kernel: always blocks, so
             # a cancelled warm-up loses at most one block's layers (any blocks give the same bits).
             step = len(context) - keep if cancel is None and not self.exact else PREFILL_ROWS
-            for begin in range(keep, len(context), step):
-                block = list(context[begin : begin + step])
-                last = begin + step >= len(context)
-                try:
-                    logits = self._run(block, len(block), all_logits=False, logits=last, cancel=cancel)
-                except _Cancelled:
-                    return None, begin - keep
+            if self.feature_window is not None and self.any_schedule:
+                self._features_from = max(0, len(context) - self.feature_window)
+            try:
+                for begin in range(keep, len(context), step):
+                    block = list(context[begin : begin + step])
+                    last = begin + step >= len(context)
+                    try:
+                        logits = self._run(block, len(block), all_logits=False, logits=last, cancel=cancel)
+                    except _Cancelled:
+                        return None, begin - keep
+            finally:
+                self._features_from = 0
             self._last_logits = (len(context), logits)
             return logits, len(context) - keep
         boundary = prefill_boundary(len(context))
@@ -399,6 +412,7 @@ class DecoderRunner:
             self.cache.write(layer, start, tree.keys[layer][:, path], tree.values[layer][:, path])
         if self.features is not None:
             self.features[start : start + len(path)] = tree.hidden[path]
+            self.features_valid[start : start + len(path)] = True
         self.cache.append_tokens([tokens[node] for node in path], self._bucket_class(DECODE_ROWS))
 
     def _decode_rows(self, n: int) -> int:
@@ -463,20 +477,25 @@ class DecoderRunner:
         """
         rows = rows if self.exact else len(tokens)
         n = len(tokens)
+        start = len(self.cache)
         outputs = None  # every row's last-layer output: for the features, all logits, or torch's path
-        if self.any_schedule and self.features is None and not all_logits and rows == n:
-            outputs = (n - 1, n) if logits else (n, n)  # the last row's, or none
+        if self.any_schedule and not all_logits and rows == n:
+            # the last layer's rows: the kept features' (from _features_from on), else the last row's
+            first = n if self.features is None else min(max(self._features_from - start, 0), n)
+            outputs = (min(first, n - 1) if logits else first, n)
         hidden = self._forward(tokens, rows, cancel=cancel, outputs=outputs)
         if self.features is not None:
-            start = len(self.cache)
-            self.features[start : start + n] = hidden[:n]
+            first = 0 if outputs is None else outputs[0]
+            self.features[start + first : start + n] = hidden[: n - first]
+            self.features_valid[start : start + first] = False
+            self.features_valid[start + first : start + n] = True
         self.cache.append_tokens(tokens, self._bucket_class(rows))
         if not logits:
             return None
         if all_logits:
             return self._logits(hidden)[:n].float()
-        if outputs is not None:  # hidden holds the last row only
-            return self._logits(hidden)[:1].float()
+        if outputs is not None:  # hidden holds rows outputs[0] .. n - 1: the last one's logits
+            return self._logits(hidden[n - 1 - outputs[0] : n - outputs[0]])[:1].float()
         return self._logits(self._select_row(hidden, n - 1))[:1].float()
 
     def _select_row(self, hidden: torch.Tensor, row: int) -> torch.Tensor:

@@ -187,12 +187,14 @@ class EagleHead:
                 torch.arange(end, device=x.device)[None, :]
                 <= torch.arange(start, end, device=x.device)[:, None]
             )
-        first = 0  # the first slot any row may see
+        first = self.first  # the first slot any row may see: the ones before were never computed
         if w.window is not None and end > w.window:
             # context slot j holds position j; tree slots lie after every row's window start
-            first = max(0, int(pos.min()) - w.window + 1)
+            first = max(first, int(pos.min()) - w.window + 1)
             slots = torch.arange(first, end, device=x.device)
             visible = visible[:, first:] & (slots[None, :] > pos[:, None] - w.window)
+        else:
+            visible = visible[:, first:]
         attn = (
             F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None],
@@ -295,6 +297,11 @@ class EagleDrafter:
         # even where they look back at slots that were not: only the last row's output is used.
         window = self.head.w.window
         needed = 0 if window is None else max(0, slots - window)
+        # ... and where the target kept no features (a prefill with a feature window), the head
+        # starts after the last position without (it then looks back less far: drafts only)
+        missing = (~self.runner.features_valid[needed:slots]).nonzero()
+        if len(missing):  # (never the last slot: a prefill computes its last row, a step every row)
+            needed = min(needed + int(missing[-1]) + 1, slots - 1)
         if keep < needed or needed < head.first:  # a gap before `keep`, or slots never computed
             head.restart(needed)
         else:

@@ -305,25 +305,54 @@ def test_a_windowed_head_sees_only_its_window_in_blocks_and_row_by_row(float32_t
     assert not torch.equal(blocks[10 + window - 2], changed[10 + window - 2])  # row 16 still sees slot 9
 
 
-def test_a_windowed_heads_catch_up_skips_old_slots_and_predicts_what_computing_all_would(float32_target):
+@pytest.mark.parametrize("feature_window", [None, 8])
+def test_a_windowed_heads_catch_up_skips_old_slots_and_predicts_what_computing_all_would(
+    float32_target, feature_window
+):
     window = 8
     weights = near_head(float32_target, window=window)
-    runner = DecoderRunner(float32_target.weights, exact=True, capacity=256, keep_features=True)
+    runner = DecoderRunner(
+        float32_target.weights, exact=True, capacity=256, keep_features=True, feature_window=feature_window
+    )
     drafter = EagleDrafter(runner, weights, 0.0, None)
     base = random_prompts(float32_target.vocab_size, 1, seed=12)[0] * 8
-    # long; shorter, sharing a prefix (slots never computed are needed); longer again; a step on
-    # (the cached slots are kept: the first computed slot stays)
+    # long; shorter, sharing a prefix (slots never computed are needed; with a feature window the
+    # target kept no features there: the head starts after them); longer again; a step on (the
+    # cached slots are kept: the first computed slot stays)
     third = base[:30] + [5] + base[40:70]
-    for context, first in ((base[:60], 51), (base[:30] + [5], 22), (third, 52), (third + base[70:73], 52)):
+    firsts = (51, 22, 52, 52) if feature_window is None else (51, 29, 52, 52)
+    contexts = (base[:60], base[:30] + [5], third, third + base[70:73])
+    for context, first in zip(contexts, firsts, strict=True):
         slots = len(context) - 1
         runner.prefill(context[:-1])
         with torch.inference_mode():
             predicted = drafter._sync(context, slots)
-            full = EagleHead(weights, 256).forward(
-                runner.features[:slots], context[1 : slots + 1], range(slots)
+            reference = EagleHead(weights, 256)
+            reference.restart(first)  # what computing every slot from `first` on gives
+            full = reference.forward(
+                runner.features[first:slots], context[first + 1 : slots + 1], range(first, slots)
             )
         assert drafter.head.first == first  # the window's slots were computed, not those before
+        assert bool(runner.features_valid[first:slots].all())  # from features the target computed
         torch.testing.assert_close(predicted, full[-1:], rtol=1e-5, atol=1e-5)
+
+
+def test_a_feature_window_keeps_the_last_features_and_the_same_bits(float32_target):
+    """A prefill with a feature window computes the last layer only for its last positions."""
+    weights = float32_target.weights
+    whole = DecoderRunner(weights, exact=True, capacity=512, keep_features=True)
+    windowed = DecoderRunner(weights, exact=True, capacity=512, keep_features=True, feature_window=40)
+    context = (random_prompts(float32_target.vocab_size, 1, seed=13)[0] * 40)[:300]  # three blocks
+    logits = [runner.prefill(context)[0] for runner in (whole, windowed)]
+    assert torch.equal(logits[0], logits[1])
+    assert windowed.features_valid[:300].tolist() == [False] * 260 + [True] * 40
+    assert torch.equal(windowed.features[260:300], whole.features[260:300])
+    steps = [runner.extend([3, 4, 5], all_logits=True) for runner in (whole, windowed)]
+    assert torch.equal(steps[0], steps[1]) and bool(windowed.features_valid[300:303].all())
+    assert torch.equal(windowed.features[300:303], whole.features[300:303])
+    shorter = [runner.prefill(context[:200] + [7])[0] for runner in (whole, windowed)]  # reuses 200
+    assert torch.equal(shorter[0], shorter[1])
+    assert windowed.features_valid[:201].tolist() == [False] * 200 + [True]  # 161..199 were never kept
 
 
 @pytest.mark.parametrize("kernel", [False, True])
@@ -338,11 +367,13 @@ def test_the_drafters_head_is_packed_exactly_where_the_targets_runner_is(float32
     assert packed == [kernel] * len(packed)
 
 
+@pytest.mark.parametrize("window", [None, 6])
 @pytest.mark.parametrize("tree", [False, True])
-def test_eagle_on_the_kernel_equals_plain(float32_target, tree):
+def test_eagle_on_the_kernel_equals_plain(float32_target, tree, window):
     from completion_engine.row_invariant import PackedLinear
 
-    engine = eagle_engine(float32_target, k=6, tree=tree)
+    engine = eagle_engine(float32_target, k=6, tree=tree, window=window)
+    assert engine.target_runner.feature_window == window
     assert all(isinstance(linear, PackedLinear) for linear in vars_of(engine._model_drafter.head.linears))
     accepted = drafted = 0
     for prompt in random_prompts(float32_target.vocab_size, 6, seed=12):
