@@ -111,5 +111,7 @@ def load_eagle(target: DecoderWeights, spec: str | Path | None = None) -> EagleW
             f"the EAGLE head in {folder} was trained for {config.target} (width {config.hidden}), "
             f"not for a target of width {target.shape.hidden}"
         )
+    if config.window is not None and config.window < 1:
+        raise ModelLoadError(f"the EAGLE head in {folder} has a window of {config.window} slots (at least 1)")
     state = load_file(str(folder / EAGLE_WEIGHTS))
     return eagle_weights(target, state, state["vocab_map"], config.window)

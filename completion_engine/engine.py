@@ -95,7 +95,8 @@ class CompletionEngine:
             exact=config.exact,
             capacity=capacity,
             keep_features=eagle,
-            feature_window=draft.window if eagle else None,  # the head looks no further back
+            # the head looks no further back (one more: a warm-up's catch-up ends a slot earlier)
+            feature_window=draft.window + 1 if eagle and draft.window is not None else None,
         )
         self.threads = choose_threads(self._probe_step) if self.target_runner.device.type == "cpu" else 0
         row_cost = config.row_cost

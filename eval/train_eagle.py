@@ -322,7 +322,9 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         subset_size=len(vocab_map),
         target="smollm2-135m",
         hidden=target.weights.shape.hidden,
-        window=settings.seq_len,  # it never saw keys further back (see drafting/eagle.EagleHead)
+        # the last row of a training window sees itself and the seq_len - 2 slots before it: no
+        # key further back (see drafting/eagle.EagleHead)
+        window=settings.seq_len - 1,
     )
     save_eagle(out, head.export(target.weights), config)
     minutes = (time.monotonic() - started) / 60

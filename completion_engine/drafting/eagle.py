@@ -145,6 +145,7 @@ class EagleHead:
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
+        self.first = min(self.first, self.length)  # below `first` nothing was computed either
 
     def restart(self, first: int) -> None:
         """Compute from slot `first` on: the slots before it count as never computed."""
@@ -161,6 +162,8 @@ class EagleHead:
 
         features [n, hidden]: f (or a parent's g) per row; positions: each row's sequence position;
         visible [n, length + n] bool: which slots each row attends to (None: causal, all earlier slots).
+        Either way a row sees no slot before `first` (never computed) and, with a window, none more
+        than `window - 1` positions before its own.
         """
         w, s = self.w, self.w.shape
         n, start = len(tokens), self.length
@@ -190,9 +193,9 @@ class EagleHead:
         first = self.first  # the first slot any row may see: the ones before were never computed
         if w.window is not None and end > w.window:
             # context slot j holds position j; tree slots lie after every row's window start
-            first = max(first, int(pos.min()) - w.window + 1)
-            slots = torch.arange(first, end, device=x.device)
-            visible = visible[:, first:] & (slots[None, :] > pos[:, None] - w.window)
+            first = max(first, min(positions) - w.window + 1)  # (not pos.min(): no device sync)
+            seen = torch.arange(first, end, device=x.device)
+            visible = visible[:, first:] & (seen[None, :] > pos[:, None] - w.window)
         else:
             visible = visible[:, first:]
         attn = (
@@ -295,12 +298,12 @@ class EagleDrafter:
         # slots need not be computed (after a cold 2,000-token prefill: 512 head rows, not 2,000).
         # A slot's keys and values depend on its own pair only, so the rows computed here are right
         # even where they look back at slots that were not: only the last row's output is used.
-        window = self.head.w.window
+        window = head.w.window
         needed = 0 if window is None else max(0, slots - window)
         # ... and where the target kept no features (a prefill with a feature window), the head
         # starts after the last position without (it then looks back less far: drafts only)
         missing = (~self.runner.features_valid[needed:slots]).nonzero()
-        if len(missing):  # (never the last slot: a prefill computes its last row, a step every row)
+        if len(missing):  # never the last slot: the runner's feature window is one wider (engine.py)
             needed = min(needed + int(missing[-1]) + 1, slots - 1)
         if keep < needed or needed < head.first:  # a gap before `keep`, or slots never computed
             head.restart(needed)

@@ -327,10 +327,13 @@ def test_a_windowed_heads_catch_up_skips_old_slots_and_predicts_what_computing_a
         runner.prefill(context[:-1])
         with torch.inference_mode():
             predicted = drafter._sync(context, slots)
+            # what computing every slot gives (with a feature window: every slot from the first
+            # with a feature, after the missing ones)
+            start = 0 if feature_window is None else first
             reference = EagleHead(weights, 256)
-            reference.restart(first)  # what computing every slot from `first` on gives
+            reference.restart(start)
             full = reference.forward(
-                runner.features[first:slots], context[first + 1 : slots + 1], range(first, slots)
+                runner.features[start:slots], context[start + 1 : slots + 1], range(start, slots)
             )
         assert drafter.head.first == first  # the window's slots were computed, not those before
         assert bool(runner.features_valid[first:slots].all())  # from features the target computed
@@ -353,6 +356,28 @@ def test_a_feature_window_keeps_the_last_features_and_the_same_bits(float32_targ
     shorter = [runner.prefill(context[:200] + [7])[0] for runner in (whole, windowed)]  # reuses 200
     assert torch.equal(shorter[0], shorter[1])
     assert windowed.features_valid[:201].tolist() == [False] * 200 + [True]  # 161..199 were never kept
+    # a prefill cancelled in its second block (the cache keeps the first), then steps: every step's
+    # features are kept again
+    windowed.truncate(0)
+    assert windowed.prefill(context, CancelAfter(checks=1))[0] is None
+    assert len(windowed) == 128
+    windowed.extend([3, 4, 5])
+    assert bool(windowed.features_valid[128:131].all())
+
+
+def test_a_windowed_head_after_reused_prefixes_and_warmups_on_the_kernel_equals_plain(float32_target):
+    """The runner keeps features for a window only: shorter contexts, warm-ups and restarts."""
+    engine = eagle_engine(float32_target, k=6, tree=False, window=6)
+    base = random_prompts(float32_target.vocab_size, 1, seed=3)[0] * 6
+    drafted = 0
+    for cut in (len(base), len(base) - 20, len(base) - 19, len(base) + 0, 12):
+        prompt = base[:cut] + [7, 8]
+        expected = plain(engine, prompt, 30)
+        engine.warm(prompt)
+        generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft="model"))
+        assert generation.tokens == expected
+        drafted += generation.stats.drafted
+    assert drafted > 0
 
 
 @pytest.mark.parametrize("kernel", [False, True])
@@ -373,7 +398,7 @@ def test_eagle_on_the_kernel_equals_plain(float32_target, tree, window):
     from completion_engine.row_invariant import PackedLinear
 
     engine = eagle_engine(float32_target, k=6, tree=tree, window=window)
-    assert engine.target_runner.feature_window == window
+    assert engine.target_runner.feature_window == (None if window is None else window + 1)
     assert all(isinstance(linear, PackedLinear) for linear in vars_of(engine._model_drafter.head.linears))
     accepted = drafted = 0
     for prompt in random_prompts(float32_target.vocab_size, 6, seed=12):
