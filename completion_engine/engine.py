@@ -90,6 +90,8 @@ class CompletionEngine:
         self.draft = draft
         capacity = config.max_context + GENERATION_ROOM
         eagle = isinstance(draft, EagleWeights)
+        if config.eagle_tree and not eagle:
+            raise ValueError("eagle_tree (--eagle-tree) needs an EAGLE draft head as the draft model")
         self.target_runner = DecoderRunner(
             target.weights,
             exact=config.exact,

@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-context", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
-        "--drafts", default=f"{DISTILLED_NAME},{EAGLE_NAME}", help="drafts to compare, comma-separated"
+        "--drafts",
+        default=f"{DISTILLED_NAME},{EAGLE_NAME}",
+        help="drafts to compare, comma-separated; an EAGLE head's name with +tree drafts EAGLE-2 trees "
+        f"(e.g. {EAGLE_NAME},{EAGLE_NAME}+tree)",
     )
     args = parser.parse_args(argv)
 
@@ -71,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     options = eval_options(args)  # as `bench`'s
     runners = {}
     for draft in args.drafts.split(","):
-        config = EngineConfig(target=DEFAULT_TARGET, max_context=args.max_context, draft_model=draft)
+        model, _, shape = draft.partition("+")
+        if shape not in ("", "tree"):
+            parser.error(f"--drafts: {draft!r}: the only suffix is +tree")
+        config = EngineConfig(
+            target=DEFAULT_TARGET, max_context=args.max_context, draft_model=model, eagle_tree=shape == "tree"
+        )
         engine = CompletionEngine.from_config(config, progress=False)
         cost = engine.budget.draft_cost
         print(f"{draft}: a draft token costs {cost:.3f} of a target step", file=sys.stderr)

@@ -408,3 +408,18 @@ def test_eagle_on_the_kernel_equals_plain(float32_target, tree, window):
         accepted += generation.stats.accepted
         drafted += generation.stats.drafted
     assert 0 < accepted < drafted, "the cases should cover both acceptance and rejection"
+
+
+def test_eagle_tree_option_reaches_the_config_and_needs_a_head(one_layer_target):
+    import argparse
+
+    from completion_engine.options import add_engine_arguments, engine_config
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_config(parser.parse_args(["--eagle-tree"])).eagle_tree
+    assert not engine_config(parser.parse_args([])).eagle_tree
+    with pytest.raises(ValueError, match="needs an EAGLE draft head"):
+        CompletionEngine(EngineConfig(target="test", eagle_tree=True), one_layer_target)  # no draft at all
+    with pytest.raises(ValueError, match="needs an EAGLE draft head"):
+        engine_for(one_layer_target, one_layer_target, eagle_tree=True)  # a draft model, not a head
