@@ -16,6 +16,7 @@ from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
     completion_options,
+    eagle_tree_problem,
     engine_config,
     resolve_draft_defaults,
 )
@@ -95,7 +96,7 @@ def run_complete(args: argparse.Namespace) -> int:
 
     resolve_draft_defaults(args)
     apply_threads_argument(args)
-    problem = draft_problem(args.draft, args.draft_model is not None)
+    problem = draft_problem(args.draft, args.draft_model is not None) or eagle_tree_problem(args)
     if problem:
         raise UsageError(problem)
     text = read_source(args.file)

@@ -26,3 +26,9 @@ def default_draft_method(draft_model: str | None) -> str:
 EAGLE_NAME = "smollm2-135m-eagle"  # the EAGLE head for the embedded target (drafting/eagle.py)
 EAGLE_DIR = Path(__file__).resolve().parent / "data" / EAGLE_NAME
 EAGLE_WEIGHTS = "eagle.safetensors"
+EAGLE_CONFIG = "eagle.json"
+
+
+def is_eagle_head(spec: str) -> bool:
+    """Does --draft-model name an EAGLE head: the shipped one, or a folder train-draft --kind eagle wrote?"""
+    return spec == EAGLE_NAME or (Path(spec) / EAGLE_CONFIG).is_file()

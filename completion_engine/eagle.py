@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from completion_engine.defaults import EAGLE_DIR, EAGLE_NAME, EAGLE_WEIGHTS
+from completion_engine.defaults import EAGLE_CONFIG, EAGLE_DIR, EAGLE_NAME, EAGLE_WEIGHTS, is_eagle_head
 from completion_engine.drafting.eagle import EagleWeights
 from completion_engine.runner import DecoderWeights, LayerWeights
 
@@ -26,7 +26,7 @@ __all__ = [
     "load_eagle",
     "save_eagle",
 ]
-CONFIG_FILE = "eagle.json"
+CONFIG_FILE = EAGLE_CONFIG
 LAYER_FIELDS = ("input_norm", "qkv", "out", "post_norm", "gate_up", "down")
 
 
@@ -86,11 +86,6 @@ def eagle_weights(
         rope_scale=target.rope_scale,
         window=window,
     )
-
-
-def is_eagle_head(spec: str) -> bool:
-    """Does --draft-model name an EAGLE head: the shipped one, or a folder train-draft --kind eagle wrote?"""
-    return spec == EAGLE_NAME or (Path(spec) / CONFIG_FILE).is_file()
 
 
 def load_eagle(target: DecoderWeights, spec: str | Path | None = None) -> EagleWeights:

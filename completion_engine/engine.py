@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from completion_engine.config import EngineConfig
+from completion_engine.defaults import EAGLE_NAME
 from completion_engine.draft_budget import DraftBudget, best_time, measure_row_cost, tree_depth
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
@@ -91,7 +92,10 @@ class CompletionEngine:
         capacity = config.max_context + GENERATION_ROOM
         eagle = isinstance(draft, EagleWeights)
         if config.eagle_tree and not eagle:
-            raise ValueError("eagle_tree (--eagle-tree) needs an EAGLE draft head as the draft model")
+            raise ValueError(
+                f"eagle_tree (--eagle-tree) needs an EAGLE draft head as the draft model ({EAGLE_NAME} "
+                "or a head's folder)"
+            )
         self.target_runner = DecoderRunner(
             target.weights,
             exact=config.exact,

@@ -7,7 +7,7 @@ import os
 from dataclasses import replace
 
 from completion_engine.config import DEFAULT_TARGET, EngineConfig
-from completion_engine.defaults import default_draft_method, default_draft_model
+from completion_engine.defaults import EAGLE_NAME, default_draft_method, default_draft_model, is_eagle_head
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -53,8 +53,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     parser.add_argument(
         "--eagle-tree",
         action="store_true",
-        help="an EAGLE draft head drafts a tree of its most probable tokens (EAGLE-2) instead of a "
-        "chain (off by default: measured slower on a 2-core CPU; see the README)",
+        help="an EAGLE draft head (--draft-model smollm2-135m-eagle) drafts a tree of its most probable "
+        "tokens (EAGLE-2) instead of a chain, for exact greedy requests (off by default: measured "
+        "slower on a 2-core CPU; see the README)",
     )
     parser.add_argument(
         "--max-context",
@@ -91,6 +92,17 @@ def apply_threads_argument(args: argparse.Namespace) -> None:
     if args.threads:
         os.environ["SPEC_COMPLETE_THREADS"] = str(args.threads)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
+
+
+def eagle_tree_problem(args: argparse.Namespace) -> str | None:
+    """Why --eagle-tree cannot apply to this command line (call after resolve_draft_defaults), or None."""
+    if not args.eagle_tree:
+        return None
+    if not is_eagle_head(args.draft_model or ""):
+        return f"--eagle-tree needs an EAGLE draft head (--draft-model {EAGLE_NAME} or a head's folder)"
+    if args.inexact:
+        return "--eagle-tree needs the exact verifier (drop --inexact)"
+    return None
 
 
 def resolve_draft_defaults(args: argparse.Namespace) -> None:

@@ -17,7 +17,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from completion_engine.defaults import DEFAULT_TARGET, DISTILLED_NAME, EAGLE_NAME
+from completion_engine.defaults import DEFAULT_TARGET, DISTILLED_NAME, EAGLE_NAME, is_eagle_head
 
 METHODS = ("none", "ngram", "model", "hybrid")
 
@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         f"(e.g. {EAGLE_NAME},{EAGLE_NAME}+tree)",
     )
     args = parser.parse_args(argv)
+    drafts = [draft.partition("+") for draft in args.drafts.split(",")]
+    for model, _, shape in drafts:
+        if shape not in ("", "tree") or (shape == "tree" and not is_eagle_head(model)):
+            parser.error(f"--drafts: {model}+{shape}: only an EAGLE head takes a suffix, and only +tree")
 
     from tqdm import tqdm
 
@@ -73,10 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = repo_cases(root, args.points, 0, 4)
     options = eval_options(args)  # as `bench`'s
     runners = {}
-    for draft in args.drafts.split(","):
-        model, _, shape = draft.partition("+")
-        if shape not in ("", "tree"):
-            parser.error(f"--drafts: {draft!r}: the only suffix is +tree")
+    for model, plus, shape in drafts:
+        draft = model + plus + shape
         config = EngineConfig(
             target=DEFAULT_TARGET, max_context=args.max_context, draft_model=model, eagle_tree=shape == "tree"
         )

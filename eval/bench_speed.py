@@ -16,7 +16,7 @@ import sysconfig
 from pathlib import Path
 
 from completion_engine.defaults import default_draft_model
-from completion_engine.options import engine_config
+from completion_engine.options import eagle_tree_problem, engine_config
 from eval.options import (
     add_engine_arguments,
     build_engine,
@@ -77,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--root {root} is not a folder")
     cases = repo_cases(root, args.points, args.seed, args.open_files)
     args.draft_model = args.draft_model or default_draft_model(args.target)  # the shipped draft: hybrid
+    problem = eagle_tree_problem(args)
+    if problem:
+        raise ValueError(problem)
     main_config = engine_config(args)
     methods, skipped = plan_methods(requested_methods(args), main_config.draft_model is not None)
     notes = [f"method {m!r} skipped: {why}" for m, why in skipped.items()]
@@ -122,7 +125,9 @@ def run_configuration(
     exact, dtype = configuration
     name = configuration_name(exact, dtype)
     # the other configurations run ngram vs none only: no draft model to load
-    config = engine_config(args, exact=exact, dtype=dtype, **({} if main else {"draft_model": None}))
+    config = engine_config(
+        args, exact=exact, dtype=dtype, **({} if main else {"draft_model": None, "eagle_tree": False})
+    )
     with_peers = main and not args.no_peers
     meta = run_meta(args, config, methods, f"bench {name}", root, notes, peers=with_peers)
     prepare_folder(folder / name, meta, args.resume)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from completion_engine.defaults import default_draft_model
-from completion_engine.options import engine_config
+from completion_engine.options import eagle_tree_problem, engine_config
 from eval.options import (
     OPTION_VARIANTS,
     add_engine_arguments,
@@ -96,6 +96,9 @@ def _run_eval(args: argparse.Namespace) -> int:
     set_threads(args)
     progress = not args.quiet
     args.draft_model = args.draft_model or default_draft_model(args.target)  # the shipped draft: hybrid
+    problem = eagle_tree_problem(args)
+    if problem:
+        raise ValueError(problem)
     config = engine_config(args)
     cases, score, root = _suite(args)
     methods, skipped = plan_methods(requested_methods(args), config.draft_model is not None)

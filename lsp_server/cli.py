@@ -16,6 +16,7 @@ from completion_engine.options import (
     add_engine_arguments,
     apply_threads_argument,
     completion_options,
+    eagle_tree_problem,
     engine_config,
     resolve_draft_defaults,
 )
@@ -202,7 +203,7 @@ def check_serve_arguments(args: argparse.Namespace) -> str | None:
     if problem:
         return problem
     resolve_draft_defaults(args)
-    problem = draft_problem(args.draft, args.draft_model is not None)
+    problem = draft_problem(args.draft, args.draft_model is not None) or eagle_tree_problem(args)
     if problem:
         return problem
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS_CAP:

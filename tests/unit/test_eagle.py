@@ -413,12 +413,19 @@ def test_eagle_on_the_kernel_equals_plain(float32_target, tree, window):
 def test_eagle_tree_option_reaches_the_config_and_needs_a_head(one_layer_target):
     import argparse
 
-    from completion_engine.options import add_engine_arguments, engine_config
+    from completion_engine.defaults import EAGLE_NAME
+    from completion_engine.options import add_engine_arguments, eagle_tree_problem, engine_config
 
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)
     assert engine_config(parser.parse_args(["--eagle-tree"])).eagle_tree
     assert not engine_config(parser.parse_args([])).eagle_tree
+    # the command lines refuse it before loading anything
+    head = parser.parse_args(["--eagle-tree", "--draft-model", EAGLE_NAME])
+    assert eagle_tree_problem(head) is None and eagle_tree_problem(parser.parse_args([])) is None
+    assert "needs an EAGLE draft head" in eagle_tree_problem(parser.parse_args(["--eagle-tree"]))
+    inexact = parser.parse_args(["--eagle-tree", "--draft-model", EAGLE_NAME, "--inexact"])
+    assert "exact verifier" in eagle_tree_problem(inexact)
     with pytest.raises(ValueError, match="needs an EAGLE draft head"):
         CompletionEngine(EngineConfig(target="test", eagle_tree=True), one_layer_target)  # no draft at all
     with pytest.raises(ValueError, match="needs an EAGLE draft head"):
