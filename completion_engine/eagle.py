@@ -26,7 +26,6 @@ __all__ = [
     "load_eagle",
     "save_eagle",
 ]
-CONFIG_FILE = EAGLE_CONFIG
 LAYER_FIELDS = ("input_norm", "qkv", "out", "post_norm", "gate_up", "down")
 
 
@@ -51,12 +50,12 @@ def save_eagle(folder: Path, weights: EagleWeights, config: EagleConfig) -> None
     state["vocab_map"] = weights.vocab_map
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous().cpu() for k, v in state.items()}, str(folder / EAGLE_WEIGHTS))
-    (folder / CONFIG_FILE).write_text(json.dumps(asdict(config), indent=2) + "\n")
+    (folder / EAGLE_CONFIG).write_text(json.dumps(asdict(config), indent=2) + "\n")
 
 
 def eagle_available(folder: Path | None = None) -> bool:
     folder = folder or EAGLE_DIR
-    return (folder / EAGLE_WEIGHTS).exists() and (folder / CONFIG_FILE).exists()
+    return (folder / EAGLE_WEIGHTS).exists() and (folder / EAGLE_CONFIG).exists()
 
 
 def eagle_weights(
@@ -100,7 +99,7 @@ def load_eagle(target: DecoderWeights, spec: str | Path | None = None) -> EagleW
             f"the EAGLE draft head is not installed (expected {folder}); train it with "
             "`spec-complete train-draft --kind eagle`"
         )
-    config = EagleConfig(**json.loads((folder / CONFIG_FILE).read_text()))
+    config = EagleConfig(**json.loads((folder / EAGLE_CONFIG).read_text()))
     if config.hidden != target.shape.hidden:
         raise ModelLoadError(
             f"the EAGLE head in {folder} was trained for {config.target} (width {config.hidden}), "

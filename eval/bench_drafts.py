@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         f"(e.g. {EAGLE_NAME},{EAGLE_NAME}+tree)",
     )
     args = parser.parse_args(argv)
-    drafts = [draft.partition("+") for draft in args.drafts.split(",")]
-    for model, _, shape in drafts:
+    drafts = {draft: draft.partition("+")[::2] for draft in args.drafts.split(",")}  # name -> (model, shape)
+    for draft, (model, shape) in drafts.items():
         if shape not in ("", "tree") or (shape == "tree" and not is_eagle_head(model)):
-            parser.error(f"--drafts: {model}+{shape}: only an EAGLE head takes a suffix, and only +tree")
+            parser.error(f"--drafts: {draft}: only an EAGLE head takes a suffix, and only +tree")
 
     from tqdm import tqdm
 
@@ -77,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = repo_cases(root, args.points, 0, 4)
     options = eval_options(args)  # as `bench`'s
     runners = {}
-    for model, plus, shape in drafts:
-        draft = model + plus + shape
+    for draft, (model, shape) in drafts.items():
         config = EngineConfig(
             target=DEFAULT_TARGET, max_context=args.max_context, draft_model=model, eagle_tree=shape == "tree"
         )

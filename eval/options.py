@@ -96,8 +96,8 @@ def build_peers(
 ) -> list:
     """Stock HF models from the same folders, in the same dtype, on the same device as the engine;
     and vLLM's plain, ngram and suffix engines when a vLLM interpreter is given or importable here."""
+    from completion_engine.defaults import is_eagle_head
     from completion_engine.distilled import DISTILLED_NAME
-    from completion_engine.eagle import is_eagle_head
     from completion_engine.models import dtype_name, resolve_device, resolve_dtype, resolve_source
     from eval.peers import HfPeers
     from eval.peers_vllm import VllmPeers, vllm_python
