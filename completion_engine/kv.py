@@ -93,6 +93,16 @@ class KVCache:
         padded = F.pad(v, (0, self.values.shape[2] * PANEL - head_dim))  # values: dims in panels
         self.values[layer, :, :, start : start + n] = padded.view(kv_heads, n, -1, PANEL).transpose(1, 2)
 
+    def read(self, layer: int, positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values [kv_head, n, head_dim] held at `positions` (as `write` takes them)."""
+        at = torch.tensor(positions, dtype=torch.long, device=self.keys.device)
+        if not self.panels:
+            return self.keys[layer][:, at], self.values[layer][:, at]
+        head_dim = self.keys.shape[3]
+        keys = self.keys[layer][:, at // PANEL, :, at % PANEL].permute(1, 0, 2)  # [n, kv, d] -> [kv, n, d]
+        values = self.values[layer][:, :, at].permute(0, 2, 1, 3)  # [kv, n, value panels, PANEL]
+        return keys.contiguous(), values.reshape(*values.shape[:2], -1)[..., :head_dim].contiguous()
+
     def append_tokens(self, tokens: Sequence[int], row_bucket: int) -> None:
         self.token_ids.extend(tokens)
         self.row_buckets.extend([row_bucket] * len(tokens))

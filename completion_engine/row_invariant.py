@@ -148,7 +148,12 @@ def linear(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch
 
 
 def attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+    tree: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [rows, heads, head_dim] over one layer's keys and values in the KV cache's
     panel layout (kv.KVCache with panels): row i attends to keys [0, lengths[i]). -> [rows, heads * head_dim].
@@ -157,8 +162,14 @@ def attention(
     (a polynomial exp), a function of the row's own scores; outputs are fixed chains over the keys. A
     row's result depends on nothing else (other rows, their count, threads), so attention needs no
     padding rows and no key buckets.
+
+    tree (parents [rows] int64, start): the rows are a token tree's nodes, node i's keys and values
+    written at position start + i, parents[i] < i (parents[0] == -1). Node i attends to positions
+    [0, start) and then to its root-to-node path (lengths[i] == start + depth + 1), with the bits it
+    would get were that path written at start, start + 1, ...: one call verifies the whole tree.
     """
-    return kernel().attention(q, keys, values, lengths, scale)
+    parents, start = tree if tree is not None else (None, 0)
+    return kernel().attention(q, keys, values, lengths, scale, parents, start)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -192,6 +203,7 @@ def layer(
     lengths: torch.Tensor,
     scale: float,
     rows: tuple[int, int],
+    parents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decoder layer in one call: the same steps as the runner's loop (rms_norm, qkv, rotary, the
     cache write, attention, out, rms_norm, gate_up, silu_mul, down, the residual adds), so the same bits.
@@ -199,6 +211,7 @@ def layer(
     x [n, hidden] at positions start..; norms (input, post); rope (cos, sin) [n, d]; heads (heads,
     kv_heads); cache (keys, values) of this layer in the panel layout, written for the n positions;
     lengths [n] keys each row sees; rows (first, end): the rows that go on past attention.
+    parents: the rows are a token tree's nodes (as `attention` takes them; rows must be (0, n)).
     -> [end - first, hidden]
     """
     return kernel().layer(
@@ -215,6 +228,7 @@ def layer(
         lengths,
         scale,
         *rows,
+        parents,
     )
 
 

@@ -398,7 +398,8 @@ class DecoderRunner:
         if not 0 < len(tokens) <= DECODE_ROWS or len(parents) != len(tokens):
             raise ValueError(f"a token tree has 1 to {DECODE_ROWS} nodes, each with a parent")
         tree = TreePlan.of(parents, self.shape.n_layers)
-        self._check_room(len(self.cache) + max(tree.depths) + 1)
+        # on the kernel node i's keys go to position len(cache) + i (row_invariant.attention's trees)
+        self._check_room(len(self.cache) + max(len(tokens), max(tree.depths) + 1))
         hidden = self._forward(list(tokens), self._decode_rows(len(tokens)), tree)
         tree.hidden = hidden[: len(tokens)]
         self._tree = (list(tokens), tree)
@@ -408,8 +409,12 @@ class DecoderRunner:
         """Keep the nodes of `path` (root first, each the parent of the next) from the last verify_tree."""
         tokens, tree = self._tree
         start = len(self.cache)
+        in_place = list(path) == list(range(len(path)))  # on the kernel: nodes 0, 1, ... already sit there
         for layer in range(self.shape.n_layers):
-            self.cache.write(layer, start, tree.keys[layer][:, path], tree.values[layer][:, path])
+            if tree.keys[layer] is not None:
+                self.cache.write(layer, start, tree.keys[layer][:, path], tree.values[layer][:, path])
+            elif not in_place:  # the kernel left node i at start + i: move the path's nodes up
+                self.cache.write(layer, start, *self.cache.read(layer, [start + node for node in path]))
         if self.features is not None:
             self.features[start : start + len(path)] = tree.hidden[path]
             self.features_valid[start : start + len(path)] = True
@@ -545,6 +550,9 @@ class DecoderRunner:
             calls = []
         elif tree is None:
             calls = self._attention_calls([(i, start + i + 1) for i in range(n)], rows)
+        elif self.any_schedule and rows == n:  # the kernel attends a whole tree in one call
+            tree_lengths = torch.tensor([start + depth + 1 for depth in tree.depths])
+            tree_parents = torch.tensor(tree.parents)
         else:
             paths = [
                 (chain, self._attention_calls([(i, start + tree.depths[i] + 1) for i in owned], rows))
@@ -553,7 +561,7 @@ class DecoderRunner:
         for index, (layer, linear) in enumerate(zip(self.w.layers, self.linears, strict=True)):
             if cancel is not None and cancel.is_set():  # a warm-up gives way within one layer
                 raise _Cancelled
-            if self.any_schedule and tree is None and rows == n:  # a chain on the kernel: one call
+            if self.any_schedule and rows == n:  # a chain or a tree on the kernel: one call
                 last = outputs is not None and index == s.n_layers - 1
                 x = row_invariant.layer(
                     x,
@@ -564,9 +572,10 @@ class DecoderRunner:
                     (s.n_heads, s.n_kv_heads),
                     (self.cache.keys[index], self.cache.values[index]),
                     start,
-                    calls[0].lengths,
+                    calls[0].lengths if tree is None else tree_lengths,
                     s.head_dim**-0.5,
                     outputs if last else (0, n),
+                    None if tree is None else tree_parents,
                 )
                 continue
             if self.any_schedule:  # the small steps on the kernel too: one call each
@@ -734,6 +743,7 @@ class TreePlan:
     children: `paths` holds (the root-to-leaf chain of nodes, the nodes whose rows that chain owns).
     """
 
+    parents: list[int]  # [n]: parents[i] < i, -1 for the root
     depths: list[int]  # [n]
     paths: list[tuple[list[int], list[int]]]
     keys: list[torch.Tensor | None]  # per layer [kv_head, n, head_dim]: the nodes' keys, for accept_path
@@ -768,4 +778,4 @@ class TreePlan:
                 ancestors.append(up)
                 up = parents[up]
             paths.append((ancestors[::-1] + owned, owned))
-        return cls(depths, paths, [None] * layers, [None] * layers)
+        return cls(list(parents), depths, paths, [None] * layers, [None] * layers)

@@ -287,6 +287,178 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
   return y;
 }
 
+namespace {
+
+constexpr int64_t kKeyBlock = 8;  // key panels per scores item of a few-row call: 256 keys, 64 KiB at d = 64
+// The most rows that take attention_few. Measured (30 layers' attention at 2,000 keys, SmolLM2-135M's
+// 9 heads over 3 kv heads, two threads, interleaved with the chunked pass, best of 20-30): 1 row
+// 8.1 -> 6.9 ms, 2 rows 8.1 -> 6.6, 4 rows 12.3 -> 10.1, 6 rows 12.3 -> 10.7; 8 to 12 rows level;
+// 16 rows level to 14% slower (each value item then streams every slot's probabilities, 390 KB).
+// One thread: level at 1, 4 and 11 rows.
+constexpr int64_t kFewRows = 8;
+
+// The cache of one layer as attention reads it, and the rows asking.
+struct AttentionCall {
+  const float* q;  // [rows, heads, d]
+  const float* keys;
+  int64_t key_head, key_panel;  // strides: keys [kv_heads, panels, d, 32]
+  const float* values;
+  int64_t value_head, value_panel;  // strides: values [kv_heads, ceil(d / 32), positions, 32]
+  const int64_t* len;  // [rows]
+  int64_t rows, heads, kv_heads, d, longest;
+  float scale;
+  float* out;  // [rows, heads * d]
+  // A token tree (else nullptr): row i is node i, its keys and values written at position start + i;
+  // it attends to positions [0, start) and then to its root-to-node path, path[i][t] at start + t.
+  const std::vector<std::vector<int64_t>>* paths = nullptr;
+  int64_t start = 0;
+};
+
+// Where key t of a tree node's row lies in the cache: its own place, or (past `start`) the place of
+// the t-th node of its path.
+inline int64_t tree_position(const AttentionCall& a, int64_t row, int64_t t) {
+  return t < a.start ? t : a.start + (*a.paths)[row][t - a.start];
+}
+
+// Attention of a decode step or a small verify block (up to kFewRows rows) in three passes, each over
+// every kv head at once: scores (items: a kv head's block of kKeyBlock key panels, all its slots),
+// the softmax of each slot's row, outputs (items: a kv head's value panel, all its slots). So every
+// key and value is read from memory once, whatever the row count, and the threads share a 1-row
+// step evenly (chunks of slots per kv head read a head's keys and values once per chunk, and gave
+// a 1-row step one item per kv head: 3 items for 2 threads). Each score, maximum, softmax and output
+// chain is the one the chunked pass computes: the same bits.
+// A token tree's rows read the cache below `start` as above; their path's keys (past `start`) are
+// scored one by one in the softmax pass and their values added to the chains after the cache's, each
+// the same fma chain that a chain of those nodes written at start, start + 1, ... would get: a
+// node's output has the bits of decoding its path one token at a time.
+void attention_few(const AttentionCall& a) {
+  const int64_t group = a.heads / a.kv_heads, slots = a.rows * group, tiles = (slots + kBlockRows - 1) / kBlockRows;
+  const auto cached = [&](int64_t row) { return a.paths ? std::min(a.len[row], a.start) : a.len[row]; };
+  int64_t cache_longest = 0;  // keys any row reads in place
+  for (int64_t row = 0; row < a.rows; ++row) cache_longest = std::max(cache_longest, cached(row));
+  const int64_t padded = (a.longest + kPanel - 1) / kPanel * kPanel;
+  const int64_t panels = (cache_longest + kPanel - 1) / kPanel;
+  const int64_t blocks = (panels + kKeyBlock - 1) / kKeyBlock, value_panels = (a.d + kPanel - 1) / kPanel;
+  // shared by the passes; kept by the calling thread between calls (no page faults on each step)
+  thread_local std::vector<float> query, probs, most;
+  query.resize(std::max<size_t>(query.size(), a.kv_heads * slots * a.d));
+  probs.resize(std::max<size_t>(probs.size(), a.kv_heads * slots * padded));
+  most.resize(std::max<size_t>(most.size(), a.kv_heads * blocks * slots * 8));
+  for (int64_t kv = 0; kv < a.kv_heads; ++kv)
+    for (int64_t s = 0; s < slots; ++s) {
+      const float* from = a.q + ((s / group) * a.heads + kv * group + s % group) * a.d;
+      std::copy(from, from + a.d, query.data() + (kv * slots + s) * a.d);
+    }
+  const __m256 scale8 = _mm256_set1_ps(a.scale);
+  float* probs_p = probs.data();
+  float* most_p = most.data();
+  const float* query_p = query.data();
+  // scores, scaled, and each block's maximum per slot (max_inside)
+  parallel_items(a.kv_heads * blocks, false, [&](const auto& claim) {
+    std::vector<float> acc(tiles * kBlockRows * kPanel);
+    for (int64_t item; (item = claim()) >= 0;) {
+      const int64_t kv = item / blocks, b = item % blocks;
+      const float* q = query_p + kv * slots * a.d;
+      float* rows_out = probs_p + kv * slots * padded;
+      float* block_most = most_p + (kv * blocks + b) * slots * 8;
+      for (int64_t s = 0; s < slots; ++s) _mm256_storeu_ps(block_most + s * 8, _mm256_set1_ps(-std::numeric_limits<float>::infinity()));
+      for (int64_t p = b * kKeyBlock; p < std::min(panels, (b + 1) * kKeyBlock); ++p) {
+        const float* panel = a.keys + kv * a.key_head + p * a.key_panel;
+        for (int64_t s = 0; s < slots; s += kBlockRows) {
+          switch (std::min(kBlockRows, slots - s)) {
+            case 3: micro<3, kVectors, float, kAhead>(q + s * a.d, a.d, panel, 0, a.d, acc.data() + s * kPanel, true); break;
+            case 2: micro<2, kVectors, float, kAhead>(q + s * a.d, a.d, panel, 0, a.d, acc.data() + s * kPanel, true); break;
+            default: micro<1, kVectors, float, kAhead>(q + s * a.d, a.d, panel, 0, a.d, acc.data() + s * kPanel, true); break;
+          }
+        }
+        for (int64_t s = 0; s < slots; ++s) {
+          const int64_t length = cached(s / group);
+          __m256 m = _mm256_loadu_ps(block_most + s * 8);
+          for (int64_t v = 0; v < kVectors; ++v) {
+            const int64_t j = p * kPanel + v * 8;
+            const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(acc.data() + s * kPanel + v * 8), scale8);
+            _mm256_storeu_ps(rows_out + s * padded + j, scaled);
+            if (j < length) m = max_inside(m, scaled, j, length);
+          }
+          _mm256_storeu_ps(block_most + s * 8, m);
+        }
+      }
+    }
+  });
+  // each slot's softmax, given the maximum over its blocks (a maximum is exact in any order)
+  parallel_items(a.kv_heads * slots, false, [&](const auto& claim) {
+    for (int64_t item; (item = claim()) >= 0;) {
+      const int64_t kv = item / slots, s = item % slots, row = s / group;
+      __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int64_t b = 0; b < blocks; ++b) m = _mm256_max_ps(m, _mm256_loadu_ps(most_p + ((kv * blocks + b) * slots + s) * 8));
+      float* scores = probs_p + (kv * slots + s) * padded;
+      const float* q = query_p + (kv * slots + s) * a.d;
+      for (int64_t t = cached(row); t < a.len[row]; ++t) {  // a tree's path: the chain of fmas micro runs
+        const int64_t position = tree_position(a, row, t);
+        const float* key = a.keys + kv * a.key_head + (position / kPanel) * a.key_panel + position % kPanel;
+        float score = 0.0f;
+        for (int64_t i = 0; i < a.d; ++i) score = std::fma(q[i], key[i * kPanel], score);
+        scores[t] = score * a.scale;
+        m = _mm256_max_ps(m, _mm256_set1_ps(scores[t]));
+      }
+      softmax_row(scores, a.len[row], m);
+    }
+  });
+  // outputs: a kv head's value panel against all its slots, chains as in the chunked pass
+  parallel_items(a.kv_heads * value_panels, false, [&](const auto& claim) {
+    std::vector<float> acc(tiles * kBlockRows * kPanel);
+    for (int64_t item; (item = claim()) >= 0;) {
+      const int64_t kv = item / value_panels, c = item % value_panels;
+      const float* panel = a.values + kv * a.value_head + c * a.value_panel;
+      const float* rows_in = probs_p + kv * slots * padded;
+      for (int64_t k0 = 0; k0 < padded; k0 += kBlockK) {
+        const int64_t k1 = std::min(padded, k0 + kBlockK);
+        for (int64_t s = 0; s < slots; s += kBlockRows) {
+          const int64_t tile = std::min(kBlockRows, slots - s);
+          int64_t common = a.longest;
+          for (int64_t i = 0; i < tile; ++i) common = std::min(common, cached((s + i) / group));
+          const float* x = rows_in + s * padded;
+          float* acc_s = acc.data() + s * kPanel;
+          const int64_t together = std::min(k1, common);
+          if (k0 < together) {
+            switch (tile) {
+              case 3: micro<3, kVectors, float, kAhead>(x, padded, panel, k0, together, acc_s, k0 == 0); break;
+              case 2: micro<2, kVectors, float, kAhead>(x, padded, panel, k0, together, acc_s, k0 == 0); break;
+              default: micro<1, kVectors, float, kAhead>(x, padded, panel, k0, together, acc_s, k0 == 0); break;
+            }
+          }
+          for (int64_t i = 0; i < tile; ++i) {
+            const int64_t from = std::max(k0, common), to = std::min(k1, cached((s + i) / group));
+            if (from < to) micro<1, kVectors, float, kAhead>(x + i * padded, padded, panel, from, to, acc_s + i * kPanel, from == 0);
+          }
+        }
+      }
+      if (a.paths) {  // a tree's path: micro's step for each key, in order after the cache's
+        for (int64_t s = 0; s < slots; ++s) {
+          const int64_t row = s / group;
+          const float* p = rows_in + s * padded;
+          float* acc_s = acc.data() + s * kPanel;
+          __m256 sum[kVectors];
+          for (int64_t v = 0; v < kVectors; ++v) sum[v] = cached(row) ? _mm256_loadu_ps(acc_s + v * 8) : _mm256_setzero_ps();
+          for (int64_t t = cached(row); t < a.len[row]; ++t) {
+            const float* value = panel + tree_position(a, row, t) * kPanel;
+            const __m256 weight = _mm256_broadcast_ss(p + t);
+            for (int64_t v = 0; v < kVectors; ++v) sum[v] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + v * 8), sum[v]);
+          }
+          for (int64_t v = 0; v < kVectors; ++v) _mm256_storeu_ps(acc_s + v * 8, sum[v]);
+        }
+      }
+      const int64_t cols = std::min(kPanel, a.d - c * kPanel);
+      for (int64_t s = 0; s < slots; ++s) {
+        const int64_t row = s / group, head = kv * group + s % group;
+        std::copy(acc.data() + s * kPanel, acc.data() + s * kPanel + cols, a.out + (row * a.heads + head) * a.d + c * kPanel);
+      }
+    }
+  });
+}
+
+}  // namespace
+
 // Causal attention of `rows` query rows over the KV cache of one layer, in the panel layout:
 //   q [rows, heads, d]; keys [kv_heads, >= ceil(max length / 32), d, 32]; values [kv_heads, ceil(d / 32), >= max length, 32];
 //   lengths [rows] int64: row i attends to keys [0, lengths[i]); heads share a kv head in groups of heads / kv_heads.
@@ -295,7 +467,8 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
 // keys, in order. Keys and values past a row's length are never used (they may hold anything). So a row's
 // output does not depend on the rows beside it, how many there are, or the threads. -> [rows, heads * d]
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
-                        const torch::Tensor& lengths, double scale) {
+                        const torch::Tensor& lengths, double scale, const c10::optional<torch::Tensor>& parents,
+                        int64_t start) {
   TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu() && lengths.device().is_cpu(),
               "attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "attention: q [rows, heads, d] contiguous float32");
@@ -316,6 +489,34 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
     const int64_t padded = (len[r] + kPanel - 1) / kPanel * kPanel;
     TORCH_CHECK(len[r] >= 1 && padded <= keys.size(1) * kPanel && padded <= values.size(2), "attention: a length is out of range");
     longest = std::max(longest, len[r]);
+  }
+  std::vector<std::vector<int64_t>> paths;  // a token tree's: each node's path from the root
+  if (parents.has_value()) {
+    TORCH_CHECK(parents->dim() == 1 && parents->scalar_type() == torch::kInt64 && parents->size(0) == rows &&
+                    rows <= kHalfRowsMost && start >= 0,
+                "attention: parents [rows] int64 of at most 16 nodes");
+    const auto up = parents->contiguous();
+    const int64_t* parent = up.data_ptr<int64_t>();
+    for (int64_t node = 0; node < rows; ++node) {
+      TORCH_CHECK(node == 0 ? parent[0] == -1 : 0 <= parent[node] && parent[node] < node,
+                  "attention: a tree needs parents[0] == -1 and 0 <= parents[i] < i");
+      std::vector<int64_t> path = node ? paths[parent[node]] : std::vector<int64_t>{};
+      path.push_back(node);
+      paths.push_back(std::move(path));
+      TORCH_CHECK(len[node] == start + static_cast<int64_t>(paths.back().size()), "attention: a tree node's length is start + its depth + 1");
+    }
+  }
+  if (rows <= kFewRows || parents.has_value()) {
+    auto out = torch::empty({rows, heads * d}, q.options());
+    AttentionCall call{q.data_ptr<float>(), keys.data_ptr<float>(), keys.stride(0), keys.stride(1), values.data_ptr<float>(),
+                       values.stride(0), values.stride(1), len, rows, heads, kv_heads, d, longest, static_cast<float>(scale),
+                       out.data_ptr<float>()};
+    if (parents.has_value()) {
+      call.paths = &paths;
+      call.start = start;
+    }
+    attention_few(call);
+    return out;
   }
   const int64_t group = heads / kv_heads, slots = rows * group;
   const int64_t chunk = rows > kHalfRowsMost ? kSlots : kSlots / 2, chunks = (slots + chunk - 1) / chunk;
@@ -560,7 +761,8 @@ torch::Tensor layer(const torch::Tensor& x, const torch::Tensor& input_norm, con
                     const std::vector<torch::Tensor>& panels, const std::vector<int64_t>& out_features,
                     const std::vector<c10::optional<torch::Tensor>>& biases, const torch::Tensor& cos,
                     const torch::Tensor& sin, int64_t heads, int64_t kv_heads, torch::Tensor keys, torch::Tensor values,
-                    int64_t start, const torch::Tensor& lengths, double scale, int64_t first, int64_t end) {
+                    int64_t start, const torch::Tensor& lengths, double scale, int64_t first, int64_t end,
+                    const c10::optional<torch::Tensor>& parents) {
   TORCH_CHECK(panels.size() == 4 && out_features.size() == 4 && biases.size() == 4, "layer: four Linears");
   const int64_t rows = x.size(0), d = cos.size(1);
   TORCH_CHECK(0 <= first && first <= end && end <= rows && lengths.size(0) == rows, "layer: rows out of range");
@@ -572,7 +774,8 @@ torch::Tensor layer(const torch::Tensor& x, const torch::Tensor& input_norm, con
   write_kv(qk[1], qkv.data_ptr<float>() + (heads + kv_heads) * d, qkv.size(1), keys, values, start);
   if (first == end) return x.narrow(0, 0, 0);
   const auto q = qk[0].narrow(0, first, end - first).contiguous();
-  const auto attended = attention(q, keys, values, lengths.narrow(0, first, end - first), scale);
+  TORCH_CHECK(!parents.has_value() || (first == 0 && end == rows), "layer: a token tree computes every row");
+  const auto attended = attention(q, keys, values, lengths.narrow(0, first, end - first), scale, parents, start);
   const auto h = x.narrow(0, first, end - first) + linear(attended, panels[1], out_features[1], biases[1]);
   const auto act = silu_mul(linear(rms_norm(h, post_norm, eps), panels[2], out_features[2], biases[2]));
   return h + linear(act, panels[3], out_features[3], biases[3]);

@@ -170,6 +170,18 @@ def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_cou
                 for i in range(40)
             ]
             assert torch.equal(torch.cat(alone), together)
+            for size in (2, 5, 8, 13):  # a step's and a verify block's row counts: the passes they take
+                parts = [
+                    row_invariant.attention(
+                        q[i : i + size].contiguous(),
+                        cache.keys[0],
+                        cache.values[0],
+                        lengths[i : i + size],
+                        0.125,
+                    )
+                    for i in range(0, 40, size)
+                ]
+                assert torch.equal(torch.cat(parts), together)
             reversed_rows = row_invariant.attention(
                 q.flip(0).contiguous(), cache.keys[0], cache.values[0], lengths.flip(0), 0.125
             )
@@ -196,6 +208,67 @@ def test_attention_never_reads_past_a_rows_own_keys():
         for i in range(9)
     ]
     assert torch.equal(torch.cat(alone), together)
+    few = row_invariant.attention(q[:8].contiguous(), cache.keys[0], cache.values[0], lengths[:8], 0.125)
+    assert torch.equal(few, together[:8])  # a small block's passes: keys read in blocks of 256
+
+
+TREES = [
+    [-1],  # the root alone
+    [-1, 0, 1, 2, 3],  # a chain
+    [-1, 0, 0, 0, 1, 2, 3, 1, 5, 4, 9],  # wide and deep
+    [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 9, 10, 11, 12, 13, 14],  # 16 nodes: two long branches
+]
+
+
+@pytest.mark.parametrize("parents", TREES)
+@pytest.mark.parametrize("start", [0, 1, 31, 300])
+def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(parents, start):
+    # node i's keys and values sit at start + i; its path's would sit at start, start + 1, ... in a chain
+    n = len(parents)
+    cache, _, _ = filled_cache(3, 64, start + n + 1, seed=11)  # the chains' size: the same random prefix
+    generator = torch.Generator().manual_seed(12)
+    node_keys, node_values = torch.randn(2, 3, n, 64, generator=generator)
+    tail = torch.full_like(node_keys[:, :1], float("nan"))
+    cache.write(0, start, node_keys, node_values)
+    q = torch.randn(n, 9, 64, generator=generator)
+    paths = []
+    for node, parent in enumerate(parents):
+        paths.append((paths[parent] if node else []) + [node])
+    lengths = torch.tensor([start + len(path) for path in paths])
+    tree = row_invariant.attention(
+        q, cache.keys[0], cache.values[0], lengths, 0.125, (torch.tensor(parents), start)
+    )
+    for node, path in enumerate(paths):
+        chain, _, _ = filled_cache(3, 64, start + n + 1, seed=11)
+        chain.write(0, start, node_keys[:, path], node_values[:, path])
+        chain.write(0, start + len(path), tail, tail)  # past the path: never read
+        alone = row_invariant.attention(
+            q[node : node + 1].contiguous(), chain.keys[0], chain.values[0], lengths[node : node + 1], 0.125
+        )
+        assert torch.equal(tree[node : node + 1], alone), (node, path)
+
+
+def test_a_tree_with_wrong_parents_or_lengths_is_a_clear_error():
+    cache, _, _ = filled_cache(1, 16, 64, seed=13)
+    q = torch.randn(3, 1, 16)
+    with pytest.raises(RuntimeError, match="parents"):
+        row_invariant.attention(
+            q,
+            cache.keys[0],
+            cache.values[0],
+            torch.tensor([11, 12, 12]),
+            0.25,
+            (torch.tensor([-1, 2, 0]), 10),
+        )
+    with pytest.raises(RuntimeError, match="depth"):
+        row_invariant.attention(
+            q,
+            cache.keys[0],
+            cache.values[0],
+            torch.tensor([11, 12, 13]),
+            0.25,
+            (torch.tensor([-1, 0, 0]), 10),
+        )
 
 
 def test_attention_keeps_a_nan_score_nan():
