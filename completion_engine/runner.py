@@ -392,21 +392,30 @@ class DecoderRunner:
         whose keys lie where plain decoding of its root-to-node path would put them, in the same
         fixed-shape calls: its logits are the bits of decoding that path one token at a time. The
         cache keeps no tree position until `accept_path` picks one root-to-node path.
+        On the kernel the whole tree is one call per layer, as a chain's: node i's keys and values
+        go to len(cache) + i, and the kernel reads a node's path in order after the cache
+        (row_invariant.attention's trees), so a tree costs what a chain of as many tokens does.
+        Elsewhere each root-to-leaf chain in turn is written in place and attends (a call per chain).
         """
         if not self.exact:
             raise ValueError("tree verification needs the exact forward")
         if not 0 < len(tokens) <= DECODE_ROWS or len(parents) != len(tokens):
             raise ValueError(f"a token tree has 1 to {DECODE_ROWS} nodes, each with a parent")
         tree = TreePlan.of(parents, self.shape.n_layers)
-        # on the kernel node i's keys go to position len(cache) + i (row_invariant.attention's trees)
-        self._check_room(len(self.cache) + max(len(tokens), max(tree.depths) + 1))
+        # (on the kernel node i's keys go to len(cache) + i: within the DECODE_ROWS the cache keeps
+        # past `capacity`)
+        self._check_room(len(self.cache) + max(tree.depths) + 1)
         hidden = self._forward(list(tokens), self._decode_rows(len(tokens)), tree)
         tree.hidden = hidden[: len(tokens)]
         self._tree = (list(tokens), tree)
         return self._logits(hidden)[: len(tokens)].float()
 
     def accept_path(self, path: Sequence[int]) -> None:
-        """Keep the nodes of `path` (root first, each the parent of the next) from the last verify_tree."""
+        """Keep the nodes of `path` (root first, each the parent of the next) from the last verify_tree.
+
+        Call it right after verify_tree: on the kernel the nodes' keys and values are read back from
+        the cache positions that forward left them at.
+        """
         tokens, tree = self._tree
         start = len(self.cache)
         in_place = list(path) == list(range(len(path)))  # on the kernel: nodes 0, 1, ... already sit there

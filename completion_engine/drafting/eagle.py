@@ -71,7 +71,7 @@ class EagleWeights:
 class TreeSettings:
     width: int = 3  # children per expanded node, and nodes expanded per depth
     depth: int = 6  # deepest level drafted
-    max_leaves: int = 3  # root-to-leaf chains in the kept tree (verify cost grows with each)
+    max_leaves: int = 3  # root-to-leaf chains in the kept tree (off the kernel, each costs attention calls)
 
 
 def head_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> Linear:

@@ -495,6 +495,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
     TORCH_CHECK(parents->dim() == 1 && parents->scalar_type() == torch::kInt64 && parents->size(0) == rows &&
                     rows <= kHalfRowsMost && start >= 0,
                 "attention: parents [rows] int64 of at most 16 nodes");
+    TORCH_CHECK(start + rows <= keys.size(1) * kPanel && start + rows <= values.size(2),
+                "attention: the cache does not hold the tree's nodes");
     const auto up = parents->contiguous();
     const int64_t* parent = up.data_ptr<int64_t>();
     for (int64_t node = 0; node < rows; ++node) {

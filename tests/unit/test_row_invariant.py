@@ -144,6 +144,10 @@ def test_attention_values_are_those_of_softmax_attention(kv_heads, group, head_d
     lengths = torch.tensor([1, 2, 31, 32, 33, 100, 128, 129, 200, 255, 299, 300])
     got = row_invariant.attention(q, cache.keys[0], cache.values[0], lengths, head_dim**-0.5)
     assert got.shape == (12, kv_heads * group * head_dim)
+    few = row_invariant.attention(
+        q[3:8].contiguous(), cache.keys[0], cache.values[0], lengths[3:8], head_dim**-0.5
+    )
+    assert torch.equal(few, got[3:8])  # a step's passes, as the chunked pass
     for row, length in enumerate(lengths.tolist()):
         for head in range(kv_heads * group):
             kv = head // group
@@ -222,30 +226,42 @@ TREES = [
 
 @pytest.mark.parametrize("parents", TREES)
 @pytest.mark.parametrize("start", [0, 1, 31, 300])
-def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(parents, start):
+@pytest.mark.parametrize("kv_heads, group, head_dim", [(3, 3, 64), (1, 4, 40)])
+def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(parents, start, kv_heads, group, head_dim):
     # node i's keys and values sit at start + i; its path's would sit at start, start + 1, ... in a chain
-    n = len(parents)
-    cache, _, _ = filled_cache(3, 64, start + n + 1, seed=11)  # the chains' size: the same random prefix
+    n, size = len(parents), start + len(parents) + 1  # one position more: NaN, never read
+    cache, _, _ = filled_cache(kv_heads, head_dim, size, seed=11)
     generator = torch.Generator().manual_seed(12)
-    node_keys, node_values = torch.randn(2, 3, n, 64, generator=generator)
-    tail = torch.full_like(node_keys[:, :1], float("nan"))
+    node_keys, node_values = torch.randn(2, kv_heads, n, head_dim, generator=generator)
+    nan = torch.full_like(node_keys[:, :1], float("nan"))
     cache.write(0, start, node_keys, node_values)
-    q = torch.randn(n, 9, 64, generator=generator)
+    cache.write(0, start + n, nan, nan)
+    q = torch.randn(n, kv_heads * group, head_dim, generator=generator)
     paths = []
     for node, parent in enumerate(parents):
         paths.append((paths[parent] if node else []) + [node])
     lengths = torch.tensor([start + len(path) for path in paths])
-    tree = row_invariant.attention(
-        q, cache.keys[0], cache.values[0], lengths, 0.125, (torch.tensor(parents), start)
-    )
+    threads = torch.get_num_threads()
+    try:
+        trees = []
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            trees.append(
+                row_invariant.attention(
+                    q, cache.keys[0], cache.values[0], lengths, 0.125, (torch.tensor(parents), start)
+                )
+            )
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(tree, trees[0]) for tree in trees)
     for node, path in enumerate(paths):
-        chain, _, _ = filled_cache(3, 64, start + n + 1, seed=11)
+        chain, _, _ = filled_cache(kv_heads, head_dim, size, seed=11)  # the same random prefix
         chain.write(0, start, node_keys[:, path], node_values[:, path])
-        chain.write(0, start + len(path), tail, tail)  # past the path: never read
+        chain.write(0, start + len(path), nan, nan)  # past the path: never read
         alone = row_invariant.attention(
             q[node : node + 1].contiguous(), chain.keys[0], chain.values[0], lengths[node : node + 1], 0.125
         )
-        assert torch.equal(tree[node : node + 1], alone), (node, path)
+        assert torch.equal(trees[0][node : node + 1], alone), (node, path)
 
 
 def test_a_tree_with_wrong_parents_or_lengths_is_a_clear_error():
@@ -268,6 +284,16 @@ def test_a_tree_with_wrong_parents_or_lengths_is_a_clear_error():
             torch.tensor([11, 12, 13]),
             0.25,
             (torch.tensor([-1, 0, 0]), 10),
+        )
+    end = cache.capacity  # node 2 would sit at `end`, past the cache
+    with pytest.raises(RuntimeError, match="does not hold the tree"):
+        row_invariant.attention(
+            q,
+            cache.keys[0],
+            cache.values[0],
+            torch.tensor([end - 1, end, end]),
+            0.25,
+            (torch.tensor([-1, 0, 0]), end - 2),
         )
 
 
