@@ -289,6 +289,28 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
 
 namespace {
 
+// The output chains of a tile of up to kBlockRows slots over the keys [k0, k1) of one value panel:
+// the keys every slot of the tile sees run together, then each slot alone runs the rest of its own
+// (keys past lengths[i] are never read). x: the tile's probability rows, ld apart; acc: their chains
+// so far ([tile][32]), parked between key blocks, started at k0 == 0.
+inline void value_tile(const float* x, int64_t ld, const float* panel, int64_t k0, int64_t k1, const int64_t* lengths,
+                       int64_t tile, float* acc) {
+  int64_t common = lengths[0];
+  for (int64_t i = 1; i < tile; ++i) common = std::min(common, lengths[i]);
+  const int64_t together = std::min(k1, common);
+  if (k0 < together) {
+    switch (tile) {
+      case 3: micro<3, kVectors, float, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
+      case 2: micro<2, kVectors, float, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
+      default: micro<1, kVectors, float, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
+    }
+  }
+  for (int64_t i = 0; i < tile; ++i) {
+    const int64_t from = std::max(k0, common), to = std::min(k1, lengths[i]);
+    if (from < to) micro<1, kVectors, float, kAhead>(x + i * ld, ld, panel, from, to, acc + i * kPanel, from == 0);
+  }
+}
+
 constexpr int64_t kKeyBlock = 8;  // key panels per scores item of a few-row call: 256 keys, 64 KiB at d = 64
 // The most rows that take attention_few. Measured (30 layers' attention at 2,000 keys, SmolLM2-135M's
 // 9 heads over 3 kv heads, two threads, interleaved with the chunked pass, best of 20-30): 1 row
@@ -415,22 +437,9 @@ void attention_few(const AttentionCall& a) {
         const int64_t k1 = std::min(padded, k0 + kBlockK);
         for (int64_t s = 0; s < slots; s += kBlockRows) {
           const int64_t tile = std::min(kBlockRows, slots - s);
-          int64_t common = a.longest;
-          for (int64_t i = 0; i < tile; ++i) common = std::min(common, cached((s + i) / group));
-          const float* x = rows_in + s * padded;
-          float* acc_s = acc.data() + s * kPanel;
-          const int64_t together = std::min(k1, common);
-          if (k0 < together) {
-            switch (tile) {
-              case 3: micro<3, kVectors, float, kAhead>(x, padded, panel, k0, together, acc_s, k0 == 0); break;
-              case 2: micro<2, kVectors, float, kAhead>(x, padded, panel, k0, together, acc_s, k0 == 0); break;
-              default: micro<1, kVectors, float, kAhead>(x, padded, panel, k0, together, acc_s, k0 == 0); break;
-            }
-          }
-          for (int64_t i = 0; i < tile; ++i) {
-            const int64_t from = std::max(k0, common), to = std::min(k1, cached((s + i) / group));
-            if (from < to) micro<1, kVectors, float, kAhead>(x + i * padded, padded, panel, from, to, acc_s + i * kPanel, from == 0);
-          }
+          int64_t lengths[kBlockRows];
+          for (int64_t i = 0; i < tile; ++i) lengths[i] = cached((s + i) / group);
+          value_tile(rows_in + s * padded, padded, panel, k0, k1, lengths, tile, acc.data() + s * kPanel);
         }
       }
       if (a.paths) {  // a tree's path: micro's step for each key, in order after the cache's
@@ -576,22 +585,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
           const int64_t k1 = std::min(padded, k0 + kBlockK);
           for (int64_t s = 0; s < count; s += kBlockRows) {
             const int64_t tile = std::min(kBlockRows, count - s);
-            int64_t common = span;
-            for (int64_t i = 0; i < tile; ++i) common = std::min(common, len[(first + s + i) / group]);
-            const float* x = probs.data() + s * padded;
-            float* a = acc.data() + s * kPanel;
-            const int64_t together = std::min(k1, common);
-            if (k0 < together) {
-              switch (tile) {
-                case 3: micro<3, kVectors, float, kAhead>(x, padded, panel, k0, together, a, k0 == 0); break;
-                case 2: micro<2, kVectors, float, kAhead>(x, padded, panel, k0, together, a, k0 == 0); break;
-                default: micro<1, kVectors, float, kAhead>(x, padded, panel, k0, together, a, k0 == 0); break;
-              }
-            }
-            for (int64_t i = 0; i < tile; ++i) {
-              const int64_t from = std::max(k0, common), to = std::min(k1, len[(first + s + i) / group]);
-              if (from < to) micro<1, kVectors, float, kAhead>(x + i * padded, padded, panel, from, to, a + i * kPanel, from == 0);
-            }
+            int64_t lengths[kBlockRows];
+            for (int64_t i = 0; i < tile; ++i) lengths[i] = len[(first + s + i) / group];
+            value_tile(probs.data() + s * padded, padded, panel, k0, k1, lengths, tile, acc.data() + s * kPanel);
           }
         }
         const int64_t cols = std::min(kPanel, d - c * kPanel);

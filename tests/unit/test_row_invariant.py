@@ -264,36 +264,25 @@ def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(parents, start
         assert torch.equal(trees[0][node : node + 1], alone), (node, path)
 
 
-def test_a_tree_with_wrong_parents_or_lengths_is_a_clear_error():
+@pytest.mark.parametrize(
+    "lengths, parents, start, message",
+    [
+        ([11, 12, 12], [-1, 2, 0], 10, "parents"),  # a child before its parent
+        ([11, 12, 13], [-1, 0, 0], 10, "depth"),  # node 2 is at depth 1, not 2
+        ([127, 128, 128], [-1, 0, 0], 126, "does not hold the tree"),  # node 2 would sit at 128
+    ],
+)
+def test_a_tree_with_wrong_parents_or_lengths_is_a_clear_error(lengths, parents, start, message):
     cache, _, _ = filled_cache(1, 16, 64, seed=13)
-    q = torch.randn(3, 1, 16)
-    with pytest.raises(RuntimeError, match="parents"):
+    assert cache.capacity == 128
+    with pytest.raises(RuntimeError, match=message):
         row_invariant.attention(
-            q,
+            torch.randn(3, 1, 16),
             cache.keys[0],
             cache.values[0],
-            torch.tensor([11, 12, 12]),
+            torch.tensor(lengths),
             0.25,
-            (torch.tensor([-1, 2, 0]), 10),
-        )
-    with pytest.raises(RuntimeError, match="depth"):
-        row_invariant.attention(
-            q,
-            cache.keys[0],
-            cache.values[0],
-            torch.tensor([11, 12, 13]),
-            0.25,
-            (torch.tensor([-1, 0, 0]), 10),
-        )
-    end = cache.capacity  # node 2 would sit at `end`, past the cache
-    with pytest.raises(RuntimeError, match="does not hold the tree"):
-        row_invariant.attention(
-            q,
-            cache.keys[0],
-            cache.values[0],
-            torch.tensor([end - 1, end, end]),
-            0.25,
-            (torch.tensor([-1, 0, 0]), end - 2),
+            (torch.tensor(parents), start),
         )
 
 
