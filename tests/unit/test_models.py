@@ -57,13 +57,15 @@ def test_draft_with_another_tokenizer_is_refused(tiny_folder, tiny_target):
         check_compatible(target, draft)
 
 
-@pytest.mark.parametrize(("has_bf16", "device", "expected"), [
-    (True, "cpu", torch.bfloat16),
-    (False, "cpu", torch.float32),  # an AVX2-only CPU emulates bf16 matmuls: float32 is ~8x faster
-    (False, "cuda", torch.bfloat16),
+@pytest.mark.parametrize(("flags", "device", "expected"), [
+    ({"amx_bf16", "avx512_bf16", "avx2"}, "cpu", torch.bfloat16),
+    # AVX512-BF16 without AMX (Zen 4): the float32 kernel decodes ~4x faster than torch's bf16
+    ({"avx512_bf16", "avx2"}, "cpu", torch.float32),
+    ({"avx2"}, "cpu", torch.float32),  # an AVX2-only CPU emulates bf16 matmuls: float32 is ~8x faster
+    ({"avx2"}, "cuda", torch.bfloat16),
 ])  # fmt: skip
-def test_auto_dtype_follows_the_hardware(monkeypatch, has_bf16, device, expected):
-    monkeypatch.setattr(models, "cpu_has_bf16_matmul", lambda: has_bf16)
+def test_auto_dtype_follows_the_hardware(monkeypatch, flags, device, expected):
+    monkeypatch.setattr(models, "cpu_flags", lambda: frozenset(flags))
     assert models.resolve_dtype("auto", torch.device(device)) == expected
     assert models.resolve_dtype("float32", torch.device(device)) == torch.float32  # an explicit choice stands
 
