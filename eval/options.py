@@ -94,11 +94,23 @@ def build_engine(config: EngineConfig, progress: bool):
 def build_peers(
     config: EngineConfig, progress: bool, names: tuple[str, ...] | None = None, vllm: str | None = None
 ) -> list:
-    """Stock HF models from the same folders, in the same dtype, on the same device as the engine;
-    and vLLM's plain, ngram and suffix engines when a vLLM interpreter is given or importable here."""
+    """Stock HF models from the same folders, on the same device as the engine, in bf16 where the
+    hardware multiplies bf16 (a GPU; a CPU with AMX or AVX512-BF16: how a user runs them there) and
+    in the engine's dtype elsewhere (an AVX2-only CPU emulates bf16, ~8x slower: no fair reference);
+    and vLLM's plain, ngram and suffix engines in the same dtype when a vLLM interpreter is given or
+    importable here. (The engine may run float32 where HF runs bf16: on a CPU with AVX512-BF16 but
+    no AMX its float32 kernel is the faster; see models.resolve_dtype.)"""
+    import torch
+
     from completion_engine.defaults import is_eagle_head
     from completion_engine.distilled import DISTILLED_NAME
-    from completion_engine.models import dtype_name, resolve_device, resolve_dtype, resolve_source
+    from completion_engine.models import (
+        cpu_has_bf16_matmul,
+        dtype_name,
+        resolve_device,
+        resolve_dtype,
+        resolve_source,
+    )
     from eval.peers import HfPeers
     from eval.peers_vllm import VllmPeers, vllm_python
 
@@ -112,12 +124,12 @@ def build_peers(
     draft = resolve_source(hf_draft, progress) if hf_draft else None
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    if config.dtype == "auto" and (device.type != "cpu" or cpu_has_bf16_matmul()):
+        dtype = torch.bfloat16
     peers = [HfPeers(target, draft, dtype, device, names=names)]
     python = vllm_python(vllm)
     if python is not None:
         say(f"starting vLLM peers (plain, ngram, suffix) with {python}")
-        import torch
-
         peers.append(
             VllmPeers(
                 python, target, k=config.max_draft, threads=torch.get_num_threads(), dtype=dtype_name(dtype)

@@ -238,7 +238,8 @@ def speed_table(summary: dict) -> list[str]:
         "Decode: tokens/s of the decode phase (wall time minus prefill). Speedup: plain decoding's total "
         "decode time over the method's, same cases (geometric mean of per-case speedups in brackets); "
         "engine methods against the engine's `none`, peers against their own plain decoding. vs HF plain: "
-        "decode tokens/s over stock `generate()`'s in the engine's dtype. "
+        "decode tokens/s over stock `generate()`'s (the peers run bf16 where the hardware multiplies "
+        "bf16, else the engine's dtype; hf_fp32_plain runs float32). "
         "Prefill: context tokens/s of a cold prefill. "
         "TTFT: medians of a cold request and of one after typing one character (the engine reuses its KV "
         "prefix; HF keeps no cache and prefills again; vLLM reuses its prefix cache).",

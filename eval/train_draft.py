@@ -258,6 +258,17 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", default=None, help="default: eval/out/train-<kind>/checkpoint.pt")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     parser.add_argument("--stdlib", default=sysconfig.get_paths()["stdlib"], help="source tree to train on")
+    parser.add_argument(
+        "--skip-tokens",
+        type=int,
+        default=0,
+        help="eagle: skip the first this many tokens of the (seeded) window order, those an earlier run read",
+    )
+    parser.add_argument(
+        "--init-head",
+        default=None,
+        help="eagle: start from this exported head (folder), keeping its token subset",
+    )
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -10,6 +10,10 @@ are stored (eval/out/train-eagle/, reused by --resume). The head then learns, fo
 and, in a second unrolled pass, the same from its own g_{t-1} in place of f_t: at drafting time
 every token after the first is predicted from the head's own guess. Held-out top-1 agreement (the
 head's first draft token equals the target's greedy token) is measured on the `http` package.
+
+More text for a trained head: `--init-head <its folder>` starts from its parameters (and keeps its
+token subset), `--skip-tokens N` reads the windows after the first N tokens of the same seeded
+order, so that the target pass covers text the earlier runs did not read.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from completion_engine.defaults import EAGLE_WEIGHTS
 from completion_engine.drafting.eagle import EagleWeights
 from completion_engine.eagle import EAGLE_DIR, EagleConfig, eagle_weights, save_eagle
 from completion_engine.models import cpu_has_bf16_matmul, dtype_name
@@ -113,6 +118,14 @@ class TrainableHead(nn.Module):
             {n: nn.Parameter(getattr(last, n).float().clone()) for n in LAYER_FIELDS}
         )
 
+    @torch.no_grad()
+    def start_from(self, state: dict[str, torch.Tensor]) -> None:
+        """Take an exported head's parameters (eagle.save_eagle's names) as the starting point."""
+        self.fc.copy_(state["fc"].float())
+        self.feature_norm.copy_(state["feature_norm"].float())
+        for name, parameter in self.layer.items():
+            parameter.copy_(state[f"layer.{name}"].float())
+
     def forward(self, features: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
         """features [B, T, hidden] (f_t or guesses), next_ids [B, T] (x_{t+1}) -> g [B, T, hidden]."""
         s = self.shape
@@ -129,6 +142,17 @@ class TrainableHead(nn.Module):
         state = {"fc": self.fc, "feature_norm": self.feature_norm}
         state.update({f"layer.{n}": p for n, p in self.layer.items()})
         return eagle_weights(target, {k: v.detach() for k, v in state.items()}, self.vocab_map)
+
+
+def load_head_state(folder: Path) -> dict[str, torch.Tensor]:
+    """An exported head's tensors (its parameters and token subset): what --init-head continues from."""
+    from safetensors.torch import load_file
+
+    from completion_engine.eagle import eagle_available
+
+    if not eagle_available(folder):
+        raise SystemExit(f"--init-head: no EAGLE head in {folder}")
+    return load_file(str(folder / EAGLE_WEIGHTS))
 
 
 def unit_rms(x: torch.Tensor) -> torch.Tensor:
@@ -263,13 +287,18 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     print(f"tokenising {root} ...", file=sys.stderr, flush=True)
     windows = token_windows(python_files(root, include=True), target.tokenizer, settings.seq_len, eos)
     order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(settings.seed))
-    windows = windows[order[: max(1, settings.train_tokens // settings.seq_len)]]
+    skip = args.skip_tokens // settings.seq_len  # windows an earlier run read: new text for this one
+    windows = windows[order[skip : skip + max(1, settings.train_tokens // settings.seq_len)]]
+    if not len(windows):
+        raise SystemExit(f"--skip-tokens {args.skip_tokens} leaves no training windows in {root}")
     held_out = token_windows(
         sorted((root / HELD_OUT_PACKAGE).rglob("*.py")), target.tokenizer, settings.seq_len, eos
     )[: settings.eval_windows]
-    train = cached_pass(target.weights, windows, "train", batch=4)
+    train = cached_pass(target.weights, windows, f"train-from{skip}" if skip else "train", batch=4)
     test = cached_pass(target.weights, held_out, "held-out", batch=4)
-    vocab_map = frequent_tokens(train.choices, settings.subset_size)
+    start = load_head_state(Path(args.init_head)) if args.init_head else None
+    # a head continued from another keeps its token subset (its LM head rows)
+    vocab_map = start["vocab_map"] if start else frequent_tokens(train.choices, settings.subset_size)
     labels = subset_labels(train.choices, vocab_map, target.vocab_size)
     covered = float((labels != IGNORE).float().mean())
     print(
@@ -279,6 +308,8 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         flush=True,
     )
     head = TrainableHead(target.weights, vocab_map)
+    if start:
+        head.start_from(start)
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, weight_decay=0.0)
     steps_per_epoch = max(1, len(train.ids) // settings.batch)
     total_steps = steps_per_epoch * settings.epochs_max
@@ -286,6 +317,14 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint or WORK_DIR / "checkpoint.pt")
     if args.resume:
         step = resume(checkpoint, "head", head, optimizer)
+    if start and not args.resume:
+        seen = held_out_agreement(head, test, settings.batch)
+        print(
+            f"starting from {args.init_head}: held-out agreement {seen.first:.3f} (as when drafting "
+            f"{seen.on_greedy:.3f}), second token {seen.second:.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
     started = time.monotonic()
     bar = tqdm(total=total_steps, initial=step, desc="train-eagle", file=sys.stderr)
     generator = torch.Generator().manual_seed(settings.seed + step)

@@ -227,6 +227,24 @@ def test_saved_head_loads_and_is_checked(one_layer_target, tmp_path):
         load_eagle(wide.weights, tmp_path)
 
 
+def test_training_can_continue_from_a_saved_head(one_layer_target, tmp_path):
+    from eval.train_eagle import TrainableHead, load_head_state
+
+    weights = near_head(one_layer_target)
+    save_eagle(tmp_path, weights, EagleConfig(subset_size=480, target="tiny", hidden=weights.shape.hidden))
+    state = load_head_state(tmp_path)
+    target = one_layer_target.weights
+    trainable = TrainableHead(target, state["vocab_map"])
+    trainable.start_from(state)
+    exported, saved = trainable.export(target), load_eagle(target, tmp_path)
+    assert torch.equal(exported.vocab_map, saved.vocab_map) and torch.equal(exported.fc, saved.fc)
+    assert torch.equal(exported.feature_norm, saved.feature_norm)
+    for name in ("input_norm", "qkv", "out", "post_norm", "gate_up", "down"):
+        assert torch.equal(getattr(exported.layer, name), getattr(saved.layer, name)), name
+    with pytest.raises(SystemExit, match="no EAGLE head"):
+        load_head_state(tmp_path / "missing")
+
+
 def test_the_heads_token_cost_is_timed_when_the_engine_loads(one_layer_target):
     config = EngineConfig(target="test", max_draft=4, kept_outputs=0, row_cost=0.0)
     engine = CompletionEngine(config, one_layer_target, near_head(one_layer_target))
