@@ -96,10 +96,10 @@ def build_peers(
 ) -> list:
     """Stock HF models from the same folders, on the same device as the engine, in bf16 where the
     hardware multiplies bf16 (a GPU; a CPU with AMX or AVX512-BF16: how a user runs them there) and
-    in the engine's dtype elsewhere (an AVX2-only CPU emulates bf16, ~8x slower: no fair reference);
-    and vLLM's plain, ngram and suffix engines in the same dtype when a vLLM interpreter is given or
-    importable here. (The engine may run float32 where HF runs bf16: on a CPU with AVX512-BF16 but
-    no AMX its float32 kernel is the faster; see models.resolve_dtype.)"""
+    in float32 elsewhere (an AVX2-only CPU emulates bf16, ~8x slower: no fair reference), whatever
+    the engine's dtype (on a CPU with AVX512-BF16 but no AMX the engine's float32 kernel is the
+    faster, see models.resolve_dtype); and vLLM's plain, ngram and suffix engines in the same dtype
+    when a vLLM interpreter is given or importable here."""
     import torch
 
     from completion_engine.defaults import is_eagle_head
@@ -108,7 +108,6 @@ def build_peers(
         cpu_has_bf16_matmul,
         dtype_name,
         resolve_device,
-        resolve_dtype,
         resolve_source,
     )
     from eval.peers import HfPeers
@@ -123,9 +122,7 @@ def build_peers(
     hf_draft = None if own else config.draft_model
     draft = resolve_source(hf_draft, progress) if hf_draft else None
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    if config.dtype == "auto" and (device.type != "cpu" or cpu_has_bf16_matmul()):
-        dtype = torch.bfloat16
+    dtype = torch.bfloat16 if device.type != "cpu" or cpu_has_bf16_matmul() else torch.float32
     peers = [HfPeers(target, draft, dtype, device, names=names)]
     python = vllm_python(vllm)
     if python is not None:

@@ -151,10 +151,6 @@ class CaseRunner:
         prompt = build_prompt(engine, cursor, self.options)
         context = prompt.context
         cold = engine.complete(Request(context=context, max_new_tokens=1, draft="none")).stats
-        # right after the cold request, whose context alone is cached: the methods' completions, once
-        # cached, often begin with the typed character, and the edit then finds nothing to compute
-        edit_context = self._one_char_edit(case, cursor)
-        edit = self._after_one_char_edit(edit_context)
         results: dict[str, dict] = {}
         unrepeatable = []
         for method in self.methods:
@@ -162,6 +158,7 @@ class CaseRunner:
             if not results[method].pop("repeats_agree"):
                 unrepeatable.append(f"{method} (repeat)")  # greedy decoding must repeat itself exactly
         mismatches = compare_to_plain(results) + unrepeatable
+        edit_context = self._one_char_edit(case, cursor)
         graded: dict[str, dict] = {}
         for row in results.values():
             if row["text"] not in graded:
@@ -174,7 +171,7 @@ class CaseRunner:
             "cold_prefill_tokens": cold.prefill_tokens,
             "cold_prefill_s": round(cold.prefill_s, 6),
             "cold_ttft_s": round(cold.ttft_s, 6),
-            **edit,
+            **self._after_one_char_edit(edit_context),
             "stopper": results["none"]["stopper"],
             "open_documents": sorted(case.open_documents),
             "reference": case.reference,
