@@ -51,14 +51,17 @@ def resolve_device(device: str) -> torch.device:
 def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype:
     """auto: bf16 on a GPU and on a CPU with bf16 matrix tiles (AMX), else float32.
 
-    Measured with SmolLM2-135M at a 2,000-token context (`python -m eval.bench_forward --dtype ...`):
-    on an AMX CPU bf16 decoded about 2x faster than float32 (before the row-invariant kernel); on an
-    AVX2-only CPU (AMD EPYC, Zen 3) a bf16 matmul is emulated: an exact decode step took 786 ms in
-    bf16 at 3k context, 108 ms in float32 at 2k. On a CPU with AVX512-BF16 but no AMX (AMD EPYC,
-    Zen 4), two threads, float32 on the row-invariant kernel against bf16 in torch: a decode step
-    13.1 against 51.4 ms, a verify block of 11 tokens 39.8 against 93.9 ms, a prefill 640 against
-    600 tokens/s (one thread: 16.3 against 59.6 ms, 72.7 against 123.5 ms, 314 against 368
-    tokens/s). The kernel keeps bf16 weights in bf16 panels, so a float32 step reads no more bytes.
+    Measured with SmolLM2-135M (`python -m eval.bench_forward --dtype ...`): on an AMX CPU, one
+    thread, bf16 decoded about 2x faster than float32 (before the row-invariant kernel existed; not
+    measured against it since); on an AVX2-only CPU (AMD EPYC), one thread, a bf16 matmul is
+    emulated: an exact decode step took 786 ms in bf16 at a 3k context, 108 ms in float32 at 2k. On
+    a CPU with AVX512-BF16 but no AMX (AMD EPYC, Zen 4), 2k context, two threads, float32 on the
+    row-invariant kernel against bf16 in torch: a decode step 13.1 against 51.4 ms, a verify block
+    of 11 tokens 39.8 against 93.9 ms, a prefill 640 against 600 tokens/s (one thread: 16.3 against
+    59.6 ms, 72.7 against 123.5 ms, 314 against 368 tokens/s). The kernel keeps bf16 weights in bf16
+    panels, so a step reads no more weight bytes (the KV cache is float32: twice bf16's). Memory is
+    float32's cost: the float32 weights plus their bf16 panels, about 3x the bf16 weights; for a
+    large target on a small machine pass --dtype bfloat16.
     """
     if dtype == "auto":
         if device is not None and device.type == "cpu" and not cpu_has_bf16_tiles():
@@ -90,7 +93,8 @@ def cpu_has_bf16_matmul() -> bool:
 
 
 def cpu_has_bf16_tiles() -> bool:
-    """Whether this CPU has bf16 matrix tiles (x86 AMX-BF16), where bf16 outruns the float32 kernel."""
+    """Whether this CPU has bf16 matrix tiles (x86 AMX-BF16): the one CPU where auto keeps bf16 (it ran
+    2x float32 there before the kernel; the kernel was never timed against it)."""
     return "amx_bf16" in cpu_flags()
 
 

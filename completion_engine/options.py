@@ -26,7 +26,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bf16 on a GPU or a CPU with AMX, else float32) | bfloat16 | float16 | float32",
+        help="auto (bf16 on a GPU or a CPU with AMX, else float32: ~3x the weights' memory on a CPU) "
+        "| bfloat16 | float16 | float32",
     )
     parser.add_argument(
         "--inexact",

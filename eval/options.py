@@ -91,6 +91,16 @@ def build_engine(config: EngineConfig, progress: bool):
     return CompletionEngine.from_config(config, progress=progress)
 
 
+def peer_dtype(config: EngineConfig):
+    """The dtype the peers run in (build_peers says why): bf16 where the hardware multiplies bf16."""
+    import torch
+
+    from completion_engine.models import cpu_has_bf16_matmul, resolve_device
+
+    bf16 = resolve_device(config.device).type != "cpu" or cpu_has_bf16_matmul()
+    return torch.bfloat16 if bf16 else torch.float32
+
+
 def build_peers(
     config: EngineConfig, progress: bool, names: tuple[str, ...] | None = None, vllm: str | None = None
 ) -> list:
@@ -105,7 +115,6 @@ def build_peers(
     from completion_engine.defaults import is_eagle_head
     from completion_engine.distilled import DISTILLED_NAME
     from completion_engine.models import (
-        cpu_has_bf16_matmul,
         dtype_name,
         resolve_device,
         resolve_source,
@@ -122,7 +131,7 @@ def build_peers(
     hf_draft = None if own else config.draft_model
     draft = resolve_source(hf_draft, progress) if hf_draft else None
     device = resolve_device(config.device)
-    dtype = torch.bfloat16 if device.type != "cpu" or cpu_has_bf16_matmul() else torch.float32
+    dtype = peer_dtype(config)
     peers = [HfPeers(target, draft, dtype, device, names=names)]
     python = vllm_python(vllm)
     if python is not None:
@@ -169,7 +178,7 @@ def run_meta(
     peers: bool,
 ) -> dict:
     """What a run's results depend on (a resume must match it) and the machine it ran on."""
-    from completion_engine.models import dtype_label
+    from completion_engine.models import dtype_label, dtype_name
     from completion_engine.stopping import policy_description
     from eval.suite import machine_meta
 
@@ -189,6 +198,7 @@ def run_meta(
         "draft_cost": config.draft_cost,
         "max_context": config.max_context,
         "peers": peers,
+        "peer_dtype": dtype_name(peer_dtype(config)) if peers else None,
         "stopper": policy_description(),
         "notes": notes,
         "seed": getattr(args, "seed", None) if root is not None else None,

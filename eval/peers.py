@@ -1,4 +1,4 @@
-"""Peers on the same cases: stock Hugging Face `generate()` with the same model, dtype and machine.
+"""Peers on the same cases: stock Hugging Face `generate()` with the same model on the same machine.
 
 - hf_plain: greedy `generate()`, the fastest plain decoding available (the speed reference).
 - hf_prompt_lookup: `generate(prompt_lookup_num_tokens=k)`, HF's n-gram speculation over the prompt.

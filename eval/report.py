@@ -208,6 +208,7 @@ def markdown(summary: dict, meta: dict) -> str:
         f"target `{meta.get('target')}`",
         f"draft model `{meta.get('draft_model')}`" if meta.get("draft_model") else "no draft model",
         f"dtype {meta.get('dtype')}",
+        f"peers in {meta['peer_dtype']}" if meta.get("peer_dtype") else None,
         "exact" if meta.get("exact", True) else "inexact",
         f"max_new_tokens {meta.get('max_new_tokens')}",
         f"stop by {meta.get('stopper')}",
@@ -239,7 +240,7 @@ def speed_table(summary: dict) -> list[str]:
         "decode time over the method's, same cases (geometric mean of per-case speedups in brackets); "
         "engine methods against the engine's `none`, peers against their own plain decoding. vs HF plain: "
         "decode tokens/s over stock `generate()`'s (the peers run bf16 where the hardware multiplies "
-        "bf16, else the engine's dtype; hf_fp32_plain runs float32). "
+        "bf16, else float32; hf_fp32_plain runs float32). "
         "Prefill: context tokens/s of a cold prefill. "
         "TTFT: medians of a cold request and of one after typing one character (the engine reuses its KV "
         "prefix; HF keeps no cache and prefills again; vLLM reuses its prefix cache).",

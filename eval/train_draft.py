@@ -262,7 +262,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--skip-tokens",
         type=int,
         default=0,
-        help="eagle: skip the first this many tokens of the (seeded) window order, those an earlier run read",
+        help="eagle: skip the first this many tokens of the seeded window order (those an earlier run with "
+        "the same --seed and --seq-len read)",
     )
     parser.add_argument(
         "--init-head",
@@ -280,6 +281,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_train_distilled(args: argparse.Namespace) -> int:
+    if args.init_head or args.skip_tokens:
+        raise SystemExit("--init-head and --skip-tokens are for --kind eagle")
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
@@ -294,7 +297,7 @@ def run_train_distilled(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     torch.manual_seed(settings.seed)
-    # the target in the dtype it serves in here (float32 on a CPU that emulates bf16: 8x faster)
+    # the target in the dtype it serves in here (models.resolve_dtype)
     target = load_model("smollm2-135m", device="cpu", dtype="auto", progress=True)
     target_model = AutoModelForCausalLM.from_pretrained(
         resolve_source("smollm2-135m", True), dtype=target.weights.embed.dtype

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from completion_engine.defaults import EAGLE_WEIGHTS
+from completion_engine.defaults import EAGLE_CONFIG, EAGLE_WEIGHTS
 from completion_engine.drafting.eagle import EagleWeights
 from completion_engine.eagle import EAGLE_DIR, EagleConfig, eagle_weights, save_eagle
 from completion_engine.models import cpu_has_bf16_matmul, dtype_name
@@ -144,14 +144,19 @@ class TrainableHead(nn.Module):
         return eagle_weights(target, {k: v.detach() for k, v in state.items()}, self.vocab_map)
 
 
-def load_head_state(folder: Path) -> dict[str, torch.Tensor]:
+def load_head_state(folder: Path, hidden: int) -> dict[str, torch.Tensor]:
     """An exported head's tensors (its parameters and token subset): what --init-head continues from."""
+    import json
+
     from safetensors.torch import load_file
 
     from completion_engine.eagle import eagle_available
 
     if not eagle_available(folder):
         raise SystemExit(f"--init-head: no EAGLE head in {folder}")
+    config = EagleConfig(**json.loads((folder / EAGLE_CONFIG).read_text()))
+    if config.hidden != hidden:
+        raise SystemExit(f"--init-head: the head in {folder} is for width {config.hidden}, not {hidden}")
     return load_file(str(folder / EAGLE_WEIGHTS))
 
 
@@ -279,7 +284,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     torch.manual_seed(settings.seed)
-    # the target in the dtype it serves in on this machine (float32 where bf16 is emulated: 8x faster)
+    # the target in the dtype it serves in here (models.resolve_dtype): its features as drafting sees them
     target = load_model("smollm2-135m", device="cpu", dtype="auto", progress=True)
     autocast = cpu_has_bf16_matmul()  # the head trains in bf16 only where the CPU has bf16 units
     eos = next(iter(target.eos_token_ids))
@@ -287,6 +292,8 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     print(f"tokenising {root} ...", file=sys.stderr, flush=True)
     windows = token_windows(python_files(root, include=True), target.tokenizer, settings.seq_len, eos)
     order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(settings.seed))
+    if args.skip_tokens < 0:
+        raise SystemExit(f"--skip-tokens must be >= 0, not {args.skip_tokens}")
     skip = args.skip_tokens // settings.seq_len  # windows an earlier run read: new text for this one
     windows = windows[order[skip : skip + max(1, settings.train_tokens // settings.seq_len)]]
     if not len(windows):
@@ -296,7 +303,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     )[: settings.eval_windows]
     train = cached_pass(target.weights, windows, f"train-from{skip}" if skip else "train", batch=4)
     test = cached_pass(target.weights, held_out, "held-out", batch=4)
-    start = load_head_state(Path(args.init_head)) if args.init_head else None
+    start = load_head_state(Path(args.init_head), target.weights.shape.hidden) if args.init_head else None
     # a head continued from another keeps its token subset (its LM head rows)
     vocab_map = start["vocab_map"] if start else frequent_tokens(train.choices, settings.subset_size)
     labels = subset_labels(train.choices, vocab_map, target.vocab_size)
@@ -308,7 +315,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         flush=True,
     )
     head = TrainableHead(target.weights, vocab_map)
-    if start:
+    if start is not None:
         head.start_from(start)
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, weight_decay=0.0)
     steps_per_epoch = max(1, len(train.ids) // settings.batch)
@@ -317,7 +324,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint or WORK_DIR / "checkpoint.pt")
     if args.resume:
         step = resume(checkpoint, "head", head, optimizer)
-    if start and not args.resume:
+    if start is not None and not args.resume:
         seen = held_out_agreement(head, test, settings.batch)
         print(
             f"starting from {args.init_head}: held-out agreement {seen.first:.3f} (as when drafting "

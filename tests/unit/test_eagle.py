@@ -232,8 +232,8 @@ def test_training_can_continue_from_a_saved_head(one_layer_target, tmp_path):
 
     weights = near_head(one_layer_target)
     save_eagle(tmp_path, weights, EagleConfig(subset_size=480, target="tiny", hidden=weights.shape.hidden))
-    state = load_head_state(tmp_path)
     target = one_layer_target.weights
+    state = load_head_state(tmp_path, target.shape.hidden)
     trainable = TrainableHead(target, state["vocab_map"])
     trainable.start_from(state)
     exported, saved = trainable.export(target), load_eagle(target, tmp_path)
@@ -242,7 +242,9 @@ def test_training_can_continue_from_a_saved_head(one_layer_target, tmp_path):
     for name in ("input_norm", "qkv", "out", "post_norm", "gate_up", "down"):
         assert torch.equal(getattr(exported.layer, name), getattr(saved.layer, name)), name
     with pytest.raises(SystemExit, match="no EAGLE head"):
-        load_head_state(tmp_path / "missing")
+        load_head_state(tmp_path / "missing", target.shape.hidden)
+    with pytest.raises(SystemExit, match="width"):
+        load_head_state(tmp_path, target.shape.hidden + 1)
 
 
 def test_the_heads_token_cost_is_timed_when_the_engine_loads(one_layer_target):
