@@ -452,7 +452,17 @@ class DecoderRunner:
         agrees at every row count by construction. So each runner checks, once, with its own weights:
         the same tokens through each candidate row count, every layer's output and the logits compared
         bit for bit with the DECODE_ROWS forward. Only candidates that agree are used.
+
+        Not where torch multiplies bf16 natively on the CPU (AVX512-BF16 or AMX): there oneDNN's
+        GEMMs for 1-8 rows and for 16 rows round differently on rare inputs, which a probe of a few
+        tokens does not meet (seen on a Zen 4: a 16-row verify block and 1-row steps of the same
+        tokens differed at 3 of 16 positions of one real sequence, and speculative output left plain
+        decoding's; with every forward in 16 rows they agreed). There every forward is DECODE_ROWS
+        rows; on an AMX CPU a 16-row forward costs about a 1-row one.
         """
+        native_bf16 = {"avx512_bf16", "amx_bf16"} & row_invariant.cpu_flags()
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and native_bf16:
+            return (DECODE_ROWS,)
         tokens = [(7919 * i + 11) % self.shape.vocab for i in range(3)]  # any tokens: kernels, not data
         start = len(self.cache)
 
