@@ -84,14 +84,6 @@ def dtype_label(dtype: str, device: str = "auto") -> str:
     return f"{name} (auto)" if dtype == "auto" else name
 
 
-def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bf16 natively (x86 AMX-BF16 or AVX512-BF16; Linux's cpuinfo flags).
-
-    No flags (not Linux): float32 is the safe guess (Apple and ARM CPUs: pass --dtype to choose).
-    """
-    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
-
-
 def cpu_has_bf16_tiles() -> bool:
     """Whether this CPU has bf16 matrix tiles (x86 AMX-BF16): the one CPU where auto keeps bf16 (it ran
     2x float32 there before the kernel; the kernel was never timed against it)."""

@@ -90,6 +90,11 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def cpu_multiplies_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (x86 AMX-BF16 or AVX512-BF16; Linux's cpuinfo flags)."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+
+
 def enabled() -> bool:
     return os.environ.get("SPEC_COMPLETE_ROW_KERNEL", "1") not in ("0", "off", "false", "no")
 

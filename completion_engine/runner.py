@@ -460,8 +460,7 @@ class DecoderRunner:
         decoding's; with every forward in 16 rows they agreed). There every forward is DECODE_ROWS
         rows; on an AMX CPU a 16-row forward costs about a 1-row one.
         """
-        native_bf16 = {"avx512_bf16", "amx_bf16"} & row_invariant.cpu_flags()
-        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and native_bf16:
+        if self.device.type == "cpu" and self.dtype == torch.bfloat16 and row_invariant.cpu_multiplies_bf16():
             return (DECODE_ROWS,)
         tokens = [(7919 * i + 11) % self.shape.vocab for i in range(3)]  # any tokens: kernels, not data
         start = len(self.cache)

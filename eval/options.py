@@ -95,9 +95,10 @@ def peer_dtype(config: EngineConfig):
     """The dtype the peers run in (build_peers says why): bf16 where the hardware multiplies bf16."""
     import torch
 
-    from completion_engine.models import cpu_has_bf16_matmul, resolve_device
+    from completion_engine.models import resolve_device
+    from completion_engine.row_invariant import cpu_multiplies_bf16
 
-    bf16 = resolve_device(config.device).type != "cpu" or cpu_has_bf16_matmul()
+    bf16 = resolve_device(config.device).type != "cpu" or cpu_multiplies_bf16()
     return torch.bfloat16 if bf16 else torch.float32
 
 
@@ -114,11 +115,7 @@ def build_peers(
 
     from completion_engine.defaults import is_eagle_head
     from completion_engine.distilled import DISTILLED_NAME
-    from completion_engine.models import (
-        dtype_name,
-        resolve_device,
-        resolve_source,
-    )
+    from completion_engine.models import dtype_name, resolve_device, resolve_source
     from eval.peers import HfPeers
     from eval.peers_vllm import VllmPeers, vllm_python
 

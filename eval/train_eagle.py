@@ -32,7 +32,8 @@ from torch import nn
 from completion_engine.defaults import EAGLE_CONFIG, EAGLE_WEIGHTS
 from completion_engine.drafting.eagle import EagleWeights
 from completion_engine.eagle import EAGLE_DIR, EagleConfig, eagle_weights, save_eagle
-from completion_engine.models import cpu_has_bf16_matmul, dtype_name
+from completion_engine.models import dtype_name
+from completion_engine.row_invariant import cpu_multiplies_bf16
 from completion_engine.runner import DecoderWeights, rms_norm
 from eval.train_draft import (
     HELD_OUT_PACKAGE,
@@ -286,7 +287,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     torch.manual_seed(settings.seed)
     # the target in the dtype it serves in here (models.resolve_dtype): its features as drafting sees them
     target = load_model("smollm2-135m", device="cpu", dtype="auto", progress=True)
-    autocast = cpu_has_bf16_matmul()  # the head trains in bf16 only where the CPU has bf16 units
+    autocast = cpu_multiplies_bf16()  # the head trains in bf16 only where the CPU has bf16 units
     eos = next(iter(target.eos_token_ids))
     root = Path(args.stdlib)
     print(f"tokenising {root} ...", file=sys.stderr, flush=True)
@@ -305,7 +306,10 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     test = cached_pass(target.weights, held_out, "held-out", batch=4)
     start = load_head_state(Path(args.init_head), target.weights.shape.hidden) if args.init_head else None
     # a head continued from another keeps its token subset (its LM head rows)
-    vocab_map = start["vocab_map"] if start else frequent_tokens(train.choices, settings.subset_size)
+    if start is not None:
+        vocab_map = start["vocab_map"]
+    else:
+        vocab_map = frequent_tokens(train.choices, settings.subset_size)
     labels = subset_labels(train.choices, vocab_map, target.vocab_size)
     covered = float((labels != IGNORE).float().mean())
     print(
