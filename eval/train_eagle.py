@@ -6,6 +6,7 @@ are stored (eval/out/train-eagle/, reused by --resume). The head then learns, fo
 
     g_t = head(f_t, x_{t+1})  ~  f_{t+1}           (smooth L1 on RMS-normalised features)
     lm_head(final_norm(g_t))  ->  the target's choice for x_{t+2}   (cross-entropy, on the subset)
+                              and its distribution there         (cross-entropy with its top 8 tokens)
 
 and, in a second unrolled pass, the same from its own g_{t-1} in place of f_t: at drafting time
 every token after the first is predicted from the head's own guess. Held-out top-1 agreement (the
@@ -34,7 +35,7 @@ from completion_engine.drafting.eagle import EagleWeights
 from completion_engine.eagle import EAGLE_DIR, EagleConfig, eagle_weights, save_eagle
 from completion_engine.models import dtype_name
 from completion_engine.row_invariant import cpu_multiplies_bf16
-from completion_engine.runner import DecoderWeights, rms_norm
+from completion_engine.runner import DecoderRunner, DecoderWeights, rms_norm
 from eval.train_draft import (
     HELD_OUT_PACKAGE,
     LAYER_FIELDS,
@@ -49,6 +50,7 @@ from eval.train_draft import (
 
 WORK_DIR = Path("eval/out/train-eagle")
 IGNORE = -100  # labels outside the head's subset
+TOP = 8  # the target's most probable next tokens kept per position (the soft labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class EagleSettings:
     warmup: int = 50
     subset_size: int = 8192
     feature_weight: float = 1.0  # the smooth-L1 feature loss beside the cross-entropy
+    soft_weight: float = 1.0  # the cross-entropy with the target's top tokens, beside the one with its choice
     noise: float = 0.05  # uniform noise on the normalised input features (robustness to the head's guesses)
     eval_windows: int = 48
     eval_every: int = 100  # steps between held-out measurements (a few seconds each)
@@ -73,27 +76,38 @@ class TargetPass:
     """What the target computed over a set of windows."""
 
     ids: torch.Tensor  # [N, T] tokens
-    features: torch.Tensor  # [N, T, hidden] bf16: last-layer outputs before the final norm
+    features: torch.Tensor  # [N, T, hidden] in the target's dtype: last-layer outputs before the final norm
     choices: torch.Tensor  # [N, T] the target's greedy next token after each position
+    top_ids: torch.Tensor  # [N, T, TOP] int32: the target's most probable next tokens, best first
+    top_logprobs: torch.Tensor  # [N, T, TOP] float32: their log-probabilities (over the whole vocabulary)
+
+
+PASS_FIELDS = ("ids", "features", "choices", "top_ids", "top_logprobs")  # TargetPass's, in order
 
 
 @torch.inference_mode()
-def target_pass(target: DecoderWeights, ids: torch.Tensor, batch: int, desc: str) -> TargetPass:
-    """The target's features and greedy choices over windows ids [N, T], in its own dtype."""
+def target_pass(target: DecoderWeights, ids: torch.Tensor, desc: str) -> TargetPass:
+    """The target's features and greedy choices over windows ids [N, T].
+
+    Each window is prefilled by the runner that serves the target (an exact one, keeping features), so
+    the features are the bits the head reads when drafting; the LM head over them runs in torch.
+    """
     from tqdm import tqdm
 
     s = target.shape
-    cos, sin = rotary_tables(ids.shape[1], target.inv_freq, target.rope_scale)
-    layers = [{name: getattr(layer, name) for name in (*LAYER_FIELDS, "qkv_bias")} for layer in target.layers]
-    features, choices = [], []
-    for start in tqdm(range(0, len(ids), batch), desc=desc, file=sys.stderr, unit="batch"):
-        x = F.embedding(ids[start : start + batch], target.embed)
-        for layer in layers:
-            x = causal_layer(x, layer, s, cos.to(x.dtype), sin.to(x.dtype))
+    runner = DecoderRunner(target, exact=True, capacity=ids.shape[1], keep_features=True)
+    features, choices, top_ids, top_logprobs = [], [], [], []
+    for window in tqdm(ids, desc=desc, file=sys.stderr, unit="window"):
+        runner.truncate(0)
+        runner.prefill(window.tolist())
+        x = runner.features[: len(window)].clone()
         features.append(x)
-        logits = F.linear(rms_norm(x, target.final_norm, s.rms_eps), target.lm_head)
+        logits = F.linear(rms_norm(x, target.final_norm, s.rms_eps), target.lm_head).float()
         choices.append(logits.argmax(-1))
-    return TargetPass(ids, torch.cat(features), torch.cat(choices))
+        top = logits.topk(TOP, dim=-1)
+        top_ids.append(top.indices.int())
+        top_logprobs.append(top.values - torch.logsumexp(logits, -1, keepdim=True))
+    return TargetPass(ids, *(torch.stack(parts) for parts in (features, choices, top_ids, top_logprobs)))
 
 
 class TrainableHead(nn.Module):
@@ -172,15 +186,38 @@ def subset_labels(choices: torch.Tensor, vocab_map: torch.Tensor, vocab: int) ->
     return row_of[choices]
 
 
+@dataclass(frozen=True, slots=True)
+class Labels:
+    """What the head learns at each position of the training windows, in head rows."""
+
+    choice: torch.Tensor  # [N, T] the target's greedy token (IGNORE outside the subset)
+    top_rows: torch.Tensor  # [N, T, TOP] its most probable tokens (row 0 where outside the subset)
+    top_probs: torch.Tensor  # [N, T, TOP] their probabilities, renormalised over those inside the subset
+
+
+def subset_targets(data: TargetPass, vocab_map: torch.Tensor, vocab: int) -> Labels:
+    """The hard and soft labels of a target pass for a head over vocab_map's tokens.
+
+    The soft label of a position is the target's distribution over its top tokens, restricted to
+    the subset and renormalised (all zero where none of them is in the subset).
+    """
+    rows = subset_labels(data.top_ids.long(), vocab_map, vocab)
+    inside = rows != IGNORE
+    probs = data.top_logprobs.exp() * inside
+    probs = probs / probs.sum(-1, keepdim=True).clamp(min=1e-12)
+    return Labels(subset_labels(data.choices, vocab_map, vocab), rows.clamp(min=0), probs)
+
+
 def head_loss(
-    head: TrainableHead, data: TargetPass, rows: torch.Tensor, labels: torch.Tensor, settings: EagleSettings
+    head: TrainableHead, data: TargetPass, rows: torch.Tensor, labels: Labels, settings: EagleSettings
 ) -> tuple[torch.Tensor, float]:
     """Loss of one batch of windows (two unrolled passes); and the first pass's top-1 agreement."""
     feats = data.features[rows].float()  # [B, T, h]
     ids = data.ids[rows]
-    # position t: (f_t, x_{t+1}) -> f_{t+1}, the target's choice after x_{t+1}
+    # position t: (f_t, x_{t+1}) -> f_{t+1}, the target's choice after x_{t+1} and its distribution there
     inputs, next_ids = feats[:, :-1], ids[:, 1:]
-    target_features, target_rows = unit_rms(feats[:, 1:]), labels[rows][:, 1:]
+    target_features, target_rows = unit_rms(feats[:, 1:]), labels.choice[rows][:, 1:]
+    top_rows, top_probs = labels.top_rows[rows][:, 1:], labels.top_probs[rows][:, 1:]
     noise = (torch.rand_like(inputs) * 2 - 1) * settings.noise * inputs.pow(2).mean(-1, keepdim=True).sqrt()
     total = torch.zeros(())
     agreement = 0.0
@@ -188,8 +225,10 @@ def head_loss(
         predicted = head(inputs + noise, next_ids)
         logits = head.logits(predicted)
         ce = F.cross_entropy(logits.flatten(0, 1), target_rows.flatten(), ignore_index=IGNORE)
+        log_q = torch.log_softmax(logits.float(), -1).gather(-1, top_rows)  # [B, T - 1, TOP]
+        soft = -(top_probs * log_q).sum(-1).sum() / top_probs.sum().clamp(min=1.0)
         feature = F.smooth_l1_loss(unit_rms(predicted), target_features)
-        total = total + ce + settings.feature_weight * feature
+        total = total + ce + settings.soft_weight * soft + settings.feature_weight * feature
         if unroll == 0:
             valid = target_rows != IGNORE
             agreement = float(((logits.argmax(-1) == target_rows) & valid).sum() / valid.sum().clamp(min=1))
@@ -245,29 +284,35 @@ def learning_rate(step: int, total: int, elapsed_min: float, settings: EagleSett
     return settings.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def cached_pass(target, windows: torch.Tensor, name: str, batch: int) -> TargetPass:
+def cached_pass(target, windows: torch.Tensor, name: str) -> TargetPass:
     """The target pass over windows, kept under WORK_DIR; a pass stored for a prefix of them is reused."""
     length = windows.shape[1]
     done = TargetPass(
-        windows[:0], torch.empty(0, length, target.shape.hidden, dtype=target.embed.dtype), windows[:0]
+        windows[:0],
+        torch.empty(0, length, target.shape.hidden, dtype=target.embed.dtype),
+        windows[:0],
+        torch.empty(0, length, TOP, dtype=torch.int32),
+        torch.empty(0, length, TOP),
     )
     dtype = dtype_name(target.embed.dtype)
     for path in sorted(WORK_DIR.glob(f"{name}-{dtype}-*x{length}.pt")):
         saved = torch.load(path, weights_only=True)
         n = len(saved["ids"])
-        if len(done.ids) < n <= len(windows) and torch.equal(saved["ids"], windows[:n]):
-            done = TargetPass(saved["ids"], saved["features"], saved["choices"])
+        # a pass stored before the soft labels were kept (no top_ids) is done again
+        fits = len(done.ids) < n <= len(windows) and torch.equal(saved["ids"], windows[:n])
+        if fits and "top_ids" in saved:
+            done = TargetPass(**{field: saved[field] for field in PASS_FIELDS})
     if len(done.ids):
         print(f"target pass ({name}): reusing {len(done.ids)} of {len(windows)} windows", file=sys.stderr)
     if len(done.ids) == len(windows):
         return done
-    rest = target_pass(target, windows[len(done.ids) :], batch, desc=f"target pass ({name})")
+    rest = target_pass(target, windows[len(done.ids) :], desc=f"target pass ({name})")
     data = TargetPass(
-        windows, torch.cat([done.features, rest.features]), torch.cat([done.choices, rest.choices])
+        windows, *(torch.cat([getattr(done, field), getattr(rest, field)]) for field in PASS_FIELDS[1:])
     )
     path = WORK_DIR / f"{name}-{dtype}-{len(windows)}x{length}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"ids": data.ids, "features": data.features, "choices": data.choices}, path)
+    torch.save({field: getattr(data, field) for field in PASS_FIELDS}, path)
     return data
 
 
@@ -302,16 +347,16 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     held_out = token_windows(
         sorted((root / HELD_OUT_PACKAGE).rglob("*.py")), target.tokenizer, settings.seq_len, eos
     )[: settings.eval_windows]
-    train = cached_pass(target.weights, windows, f"train-from{skip}" if skip else "train", batch=4)
-    test = cached_pass(target.weights, held_out, "held-out", batch=4)
+    train = cached_pass(target.weights, windows, f"train-from{skip}" if skip else "train")
+    test = cached_pass(target.weights, held_out, "held-out")
     start = load_head_state(Path(args.init_head), target.weights.shape.hidden) if args.init_head else None
     # a head continued from another keeps its token subset (its LM head rows)
     if start is not None:
         vocab_map = start["vocab_map"]
     else:
         vocab_map = frequent_tokens(train.choices, settings.subset_size)
-    labels = subset_labels(train.choices, vocab_map, target.vocab_size)
-    covered = float((labels != IGNORE).float().mean())
+    labels = subset_targets(train, vocab_map, target.vocab_size)
+    covered = float((labels.choice != IGNORE).float().mean())
     print(
         f"{len(train.ids)} training windows ({train.ids.numel():,} tokens), {len(test.ids)} held out; "
         f"head covers {len(vocab_map)} tokens ({covered:.1%} of the target's choices)",

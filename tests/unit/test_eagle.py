@@ -450,3 +450,44 @@ def test_eagle_tree_option_reaches_the_config_and_needs_a_head(one_layer_target)
         CompletionEngine(EngineConfig(target="test", eagle_tree=True), one_layer_target)  # no draft at all
     with pytest.raises(ValueError, match="needs an EAGLE draft head"):
         engine_for(one_layer_target, one_layer_target, eagle_tree=True)  # a draft model, not a head
+
+
+def test_training_labels_are_the_targets_choice_and_its_top_tokens_on_the_subset(one_layer_target):
+    from eval.train_eagle import (
+        IGNORE,
+        TOP,
+        EagleSettings,
+        TrainableHead,
+        head_loss,
+        subset_targets,
+        target_pass,
+    )
+
+    target = one_layer_target.weights
+    windows = torch.randint(
+        2, one_layer_target.vocab_size, (3, 24), generator=torch.Generator().manual_seed(8)
+    )
+    data = target_pass(target, windows, desc="test")
+    assert data.top_ids.shape == (3, 24, TOP)
+    # the choice is a most probable token (argmax and topk may break a tie differently)
+    is_choice = data.top_ids.long() == data.choices[..., None]
+    assert bool(is_choice.any(-1).all())
+    assert torch.equal(data.top_logprobs[is_choice], data.top_logprobs[..., 0].flatten())
+    assert bool((data.top_logprobs <= 0).all()) and bool((data.top_logprobs.diff(dim=-1) <= 0).all())
+    # a subset that holds every other token the target ranks first or second somewhere
+    firsts = torch.unique(data.top_ids[..., :2])
+    vocab_map = firsts[::2].long()
+    labels = subset_targets(data, vocab_map, one_layer_target.vocab_size)
+    inside = torch.isin(data.choices, vocab_map)
+    assert torch.equal(labels.choice == IGNORE, ~inside)
+    assert torch.equal(vocab_map[labels.choice[inside]], data.choices[inside])
+    kept = labels.top_probs > 0
+    assert torch.equal(vocab_map[labels.top_rows[kept]], data.top_ids[kept].long())
+    assert bool(torch.isin(data.top_ids[~kept].long(), vocab_map).logical_not().all())
+    sums = labels.top_probs.sum(-1)
+    some = kept.any(-1)
+    assert torch.allclose(sums[some], torch.ones(int(some.sum()))) and bool((sums[~some] == 0).all())
+    head = TrainableHead(target, vocab_map)
+    loss, agreement = head_loss(head, data, torch.arange(3), labels, EagleSettings())
+    loss.backward()
+    assert torch.isfinite(loss) and 0.0 <= agreement <= 1.0 and head.fc.grad is not None
