@@ -35,6 +35,10 @@ class EagleConfig:
     target: str  # the target it was trained for
     hidden: int  # the target's width, checked at load
     window: int | None = None  # the length of its training windows: how far back it attends
+    feature_layers: tuple[int, ...] = ()  # the target's earlier layers it reads beside the last (EAGLE-3)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "feature_layers", tuple(self.feature_layers))  # a JSON list
 
 
 def save_eagle(folder: Path, weights: EagleWeights, config: EagleConfig) -> None:
@@ -63,6 +67,7 @@ def eagle_weights(
     state: dict[str, torch.Tensor],
     vocab_map: torch.Tensor,
     window: int | None = None,
+    feature_layers: tuple[int, ...] = (),
 ) -> EagleWeights:
     """Head parameters (any dtype) next to the target's borrowed parts, on the target's device and dtype."""
     device, dtype = target.embed.device, target.embed.dtype
@@ -84,6 +89,7 @@ def eagle_weights(
         inv_freq=target.inv_freq,
         rope_scale=target.rope_scale,
         window=window,
+        feature_layers=tuple(feature_layers),
     )
 
 
@@ -107,5 +113,17 @@ def load_eagle(target: DecoderWeights, spec: str | Path | None = None) -> EagleW
         )
     if config.window is not None and config.window < 1:
         raise ModelLoadError(f"the EAGLE head in {folder} has a window of {config.window} slots (at least 1)")
+    layers = config.feature_layers
+    if list(layers) != sorted(set(layers)) or any(not 0 <= i < target.shape.n_layers - 1 for i in layers):
+        raise ModelLoadError(
+            f"the EAGLE head in {folder} reads layers {list(layers)}; a target of {target.shape.n_layers} "
+            f"layers has earlier layers 0 .. {target.shape.n_layers - 2} (distinct, ascending)"
+        )
     state = load_file(str(folder / EAGLE_WEIGHTS))
-    return eagle_weights(target, state, state["vocab_map"], config.window)
+    width = (2 + len(layers)) * target.shape.hidden
+    if tuple(state["fc"].shape) != (target.shape.hidden, width):
+        raise ModelLoadError(
+            f"the EAGLE head in {folder}: its input projection is {tuple(state['fc'].shape)}, not "
+            f"{(target.shape.hidden, width)} for feature layers {list(layers)}"
+        )
+    return eagle_weights(target, state, state["vocab_map"], config.window, layers)

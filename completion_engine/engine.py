@@ -103,6 +103,7 @@ class CompletionEngine:
             keep_features=eagle,
             # the head looks no further back (one more: a warm-up's catch-up ends a slot earlier)
             feature_window=draft.window + 1 if eagle and draft.window is not None else None,
+            feature_layers=draft.feature_layers if eagle else (),
         )
         self.threads = choose_threads(self._probe_step) if self.target_runner.device.type == "cpu" else 0
         row_cost = config.row_cost

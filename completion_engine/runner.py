@@ -220,6 +220,7 @@ class DecoderRunner:
         decode_buckets: tuple[int, ...] | None = None,
         row_invariant_kernel: bool | None = None,
         feature_window: int | None = None,
+        feature_layers: tuple[int, ...] = (),
     ) -> None:
         self.w = weights
         self.shape = weights.shape
@@ -264,9 +265,24 @@ class DecoderRunner:
         self._tree: tuple[list[int], TreePlan] | None = None  # the last verify_tree, for accept_path
         # keep_features: the last layer's output (before the final norm) at every cached position,
         # what a draft head that reads the target's features (drafting/eagle.py) starts from; a
-        # copy of rows the forward computes anyway, so the target's bits do not change
+        # copy of rows the forward computes anyway, so the target's bits do not change.
+        # feature_layers: earlier layers whose outputs are kept beside it (EAGLE-3's low and middle
+        # features): features[p] is [last, feature_layers[0], ...], each `hidden` wide.
+        if list(feature_layers) != sorted(set(feature_layers)) or any(
+            not 0 <= layer < s.n_layers - 1 for layer in feature_layers
+        ):
+            raise ValueError(
+                f"feature layers are distinct, ascending and in 0 .. {s.n_layers - 2} (the last is kept "
+                f"anyway), not {feature_layers}"
+            )
+        self.feature_layers = tuple(feature_layers) if keep_features else ()
         self.features = (
-            torch.zeros(self.cache.capacity, s.hidden, dtype=self.dtype, device=self.device)
+            torch.zeros(
+                self.cache.capacity,
+                s.hidden * (1 + len(self.feature_layers)),
+                dtype=self.dtype,
+                device=self.device,
+            )
             if keep_features
             else None
         )
@@ -405,8 +421,9 @@ class DecoderRunner:
         # (on the kernel node i's keys go to len(cache) + i: within the DECODE_ROWS the cache keeps
         # past `capacity`)
         self._check_room(len(self.cache) + max(tree.depths) + 1)
-        hidden = self._forward(list(tokens), self._decode_rows(len(tokens)), tree)
-        tree.hidden = hidden[: len(tokens)]
+        taps: list[torch.Tensor] = []
+        hidden = self._forward(list(tokens), self._decode_rows(len(tokens)), tree, taps=taps)
+        tree.hidden = torch.cat([hidden[: len(tokens)], *taps], dim=-1) if taps else hidden[: len(tokens)]
         self._tree = (list(tokens), tree)
         return self._logits(hidden)[: len(tokens)].float()
 
@@ -506,10 +523,15 @@ class DecoderRunner:
             # the last layer's rows: the kept features' (from _features_from on), else the last row's
             first = n if self.features is None else min(max(self._features_from - start, 0), n)
             outputs = (min(first, n - 1) if logits else first, n)
-        hidden = self._forward(tokens, rows, cancel=cancel, outputs=outputs)
+        taps: list[torch.Tensor] = []
+        hidden = self._forward(tokens, rows, cancel=cancel, outputs=outputs, taps=taps)
         if self.features is not None:
             first = 0 if outputs is None else outputs[0]
-            self.features[start + first : start + n] = hidden[: n - first]
+            self.features[start + first : start + n, : self.shape.hidden] = hidden[: n - first]
+            for block, tap in enumerate(taps, start=1):
+                self.features[
+                    start + first : start + n, block * self.shape.hidden : (block + 1) * self.shape.hidden
+                ] = tap[first:n]
             self.features_valid[start : start + first] = False
             self.features_valid[start + first : start + n] = True
         self.cache.append_tokens(tokens, self._bucket_class(rows))
@@ -542,6 +564,7 @@ class DecoderRunner:
         tree: TreePlan | None = None,
         cancel: threading.Event | None = None,
         outputs: tuple[int, int] | None = None,
+        taps: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Hidden states [rows, hidden] of `tokens` placed after the cache (a chain, or a tree's nodes).
 
@@ -552,6 +575,7 @@ class DecoderRunner:
         it (only the next forward's keys), its last block one row: about 1/30 of a prefill of
         SmolLM2-135M. On the kernel a row's bits do not depend on the rows beside it, so the rows
         that are computed get the same bits as in a whole forward.
+        taps: gets the outputs [n, hidden] of the runner's feature_layers, in their order (copies).
         """
         s = self.shape
         n = len(tokens)
@@ -595,6 +619,8 @@ class DecoderRunner:
                     outputs if last else (0, n),
                     None if tree is None else tree_parents,
                 )
+                if taps is not None and index in self.feature_layers:
+                    taps.append(x[:n].clone())
                 continue
             if self.any_schedule:  # the small steps on the kernel too: one call each
                 qkv = linear.qkv(row_invariant.rms_norm(x, layer.input_norm, s.rms_eps))
@@ -631,6 +657,8 @@ class DecoderRunner:
                 gate, up = linear.gate_up(rms_norm(x, layer.post_norm, s.rms_eps)).chunk(2, dim=-1)
                 act = F.silu(gate) * up
             x = x + linear.down(act)
+            if taps is not None and index in self.feature_layers:
+                taps.append(x[:n].clone())
         self.forwards += 1
         return x
 
@@ -766,7 +794,7 @@ class TreePlan:
     paths: list[tuple[list[int], list[int]]]
     keys: list[torch.Tensor | None]  # per layer [kv_head, n, head_dim]: the nodes' keys, for accept_path
     values: list[torch.Tensor | None]
-    hidden: torch.Tensor | None = None  # [n, hidden] the nodes' last-layer outputs (runner features)
+    hidden: torch.Tensor | None = None  # [n, features' width] the nodes' features (runner.features)
 
     @classmethod
     def of(cls, parents: Sequence[int], layers: int) -> TreePlan:

@@ -270,6 +270,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="eagle: start from this exported head (folder), keeping its token subset",
     )
+    parser.add_argument(
+        "--feature-layers",
+        default=None,
+        help="eagle: the target's earlier layers the head reads beside the last (EAGLE-3), e.g. 1,14; "
+        "default: those of --init-head, else none. A head continued with more layers starts with "
+        "zero weights on the new ones (it drafts as before until it learns to use them)",
+    )
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -281,8 +288,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_train_distilled(args: argparse.Namespace) -> int:
-    if args.init_head or args.skip_tokens:
-        raise SystemExit("--init-head and --skip-tokens are for --kind eagle")
+    if args.init_head or args.skip_tokens or args.feature_layers:
+        raise SystemExit("--init-head, --skip-tokens and --feature-layers are for --kind eagle")
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 

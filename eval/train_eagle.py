@@ -9,8 +9,10 @@ are stored (eval/out/train-eagle/, reused by --resume). The head then learns, fo
                               and its distribution there         (cross-entropy with its top 8 tokens)
 
 and, in a second unrolled pass, the same from its own g_{t-1} in place of f_t: at drafting time
-every token after the first is predicted from the head's own guess. Held-out top-1 agreement (the
-head's first draft token equals the target's greedy token) is measured on the `http` package.
+every token after the first is predicted from the head's own guess. With `--feature-layers` the
+head also reads those earlier layers' outputs at t (EAGLE-3's fused features; zero after a guess).
+Held-out top-1 agreement (the head's first draft token equals the target's greedy token) is
+measured on the `http` package.
 
 More text for a trained head: `--init-head <its folder>` starts from its parameters (and keeps its
 token subset), `--skip-tokens N` reads the windows after the first N tokens of the same seeded
@@ -76,7 +78,8 @@ class TargetPass:
     """What the target computed over a set of windows."""
 
     ids: torch.Tensor  # [N, T] tokens
-    features: torch.Tensor  # [N, T, hidden] in the target's dtype: last-layer outputs before the final norm
+    features: torch.Tensor  # [N, T, width] target dtype: last-layer outputs before the final norm, then
+    # those of the feature layers (runner.features' rows)
     choices: torch.Tensor  # [N, T] the target's greedy next token after each position
     top_ids: torch.Tensor  # [N, T, TOP] int32: the target's most probable next tokens, best first
     top_logprobs: torch.Tensor  # [N, T, TOP] float32: their log-probabilities (over the whole vocabulary)
@@ -86,7 +89,9 @@ PASS_FIELDS = ("ids", "features", "choices", "top_ids", "top_logprobs")  # Targe
 
 
 @torch.inference_mode()
-def target_pass(target: DecoderWeights, ids: torch.Tensor, desc: str) -> TargetPass:
+def target_pass(
+    target: DecoderWeights, ids: torch.Tensor, desc: str, feature_layers: tuple[int, ...] = ()
+) -> TargetPass:
     """The target's features and greedy choices over windows ids [N, T].
 
     Each window is prefilled by the runner that serves the target (an exact one, keeping features), so
@@ -95,14 +100,16 @@ def target_pass(target: DecoderWeights, ids: torch.Tensor, desc: str) -> TargetP
     from tqdm import tqdm
 
     s = target.shape
-    runner = DecoderRunner(target, exact=True, capacity=ids.shape[1], keep_features=True)
+    runner = DecoderRunner(
+        target, exact=True, capacity=ids.shape[1], keep_features=True, feature_layers=feature_layers
+    )
     features, choices, top_ids, top_logprobs = [], [], [], []
     for window in tqdm(ids, desc=desc, file=sys.stderr, unit="window"):
         runner.truncate(0)
         runner.prefill(window.tolist())
         x = runner.features[: len(window)].clone()
         features.append(x)
-        logits = F.linear(rms_norm(x, target.final_norm, s.rms_eps), target.lm_head).float()
+        logits = F.linear(rms_norm(x[:, : s.hidden], target.final_norm, s.rms_eps), target.lm_head).float()
         choices.append(logits.argmax(-1))
         top = logits.topk(TOP, dim=-1)
         top_ids.append(top.indices.int())
@@ -113,21 +120,26 @@ def target_pass(target: DecoderWeights, ids: torch.Tensor, desc: str) -> TargetP
 class TrainableHead(nn.Module):
     """The head's parameters in float32; forward mirrors drafting/eagle.EagleHead over whole windows."""
 
-    def __init__(self, target: DecoderWeights, vocab_map: torch.Tensor) -> None:
+    def __init__(
+        self, target: DecoderWeights, vocab_map: torch.Tensor, feature_layers: tuple[int, ...] = ()
+    ) -> None:
         super().__init__()
         s = target.shape
         self.shape = s
+        self.feature_layers = feature_layers
+        blocks = 1 + len(feature_layers)
         self.register_buffer("embed", target.embed.float(), persistent=False)
         self.register_buffer("final_norm", target.final_norm.float(), persistent=False)
         self.register_buffer("head", target.lm_head[vocab_map].float(), persistent=False)
         self.register_buffer("vocab_map", vocab_map, persistent=False)
         self.inv_freq, self.rope_scale = target.inv_freq, target.rope_scale
         # the input projection starts as "the normalised feature, plus a little of the token"
-        fc = torch.zeros(s.hidden, 2 * s.hidden)
-        fc[:, s.hidden :] = torch.eye(s.hidden)
+        # (the earlier layers' columns start at zero)
+        fc = torch.zeros(s.hidden, (1 + blocks) * s.hidden)
+        fc[:, s.hidden : 2 * s.hidden] = torch.eye(s.hidden)
         fc[:, : s.hidden] = torch.randn(s.hidden, s.hidden) * (0.02 / math.sqrt(s.hidden))
         self.fc = nn.Parameter(fc)
-        self.feature_norm = nn.Parameter(torch.ones(s.hidden))
+        self.feature_norm = nn.Parameter(torch.ones(blocks * s.hidden))
         last = target.layers[-1]  # the layer starts as the target's last one
         self.layer = nn.ParameterDict(
             {n: nn.Parameter(getattr(last, n).float().clone()) for n in LAYER_FIELDS}
@@ -135,18 +147,27 @@ class TrainableHead(nn.Module):
 
     @torch.no_grad()
     def start_from(self, state: dict[str, torch.Tensor]) -> None:
-        """Take an exported head's parameters (eagle.save_eagle's names) as the starting point."""
-        self.fc.copy_(state["fc"].float())
-        self.feature_norm.copy_(state["feature_norm"].float())
+        """Take an exported head's parameters (eagle.save_eagle's names) as the starting point.
+
+        A head that read fewer feature layers (a prefix of this one's blocks) fills the leading
+        columns; the new layers' columns stay zero, so the head drafts as before at the start.
+        """
+        fc, norm = state["fc"].float(), state["feature_norm"].float()
+        self.fc[:, : fc.shape[1]] = fc
+        self.fc[:, fc.shape[1] :] = 0
+        self.feature_norm[: norm.shape[0]] = norm
         for name, parameter in self.layer.items():
             parameter.copy_(state[f"layer.{name}"].float())
 
     def forward(self, features: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-        """features [B, T, hidden] (f_t or guesses), next_ids [B, T] (x_{t+1}) -> g [B, T, hidden]."""
+        """features [B, T, width] (f_t, or a guess: zero past hidden), next_ids [B, T] (x_{t+1}).
+
+        Returns g [B, T, hidden].
+        """
         s = self.shape
-        x = torch.cat(
-            [F.embedding(next_ids, self.embed), rms_norm(features, self.feature_norm, s.rms_eps)], -1
-        )
+        blocks = features.view(*features.shape[:2], -1, s.hidden)
+        normed = rms_norm(blocks, self.feature_norm.view(-1, s.hidden), s.rms_eps).flatten(2)
+        x = torch.cat([F.embedding(next_ids, self.embed), normed], -1)
         cos, sin = rotary_tables(next_ids.shape[1], self.inv_freq, self.rope_scale)
         return causal_layer(F.linear(x, self.fc), self.layer, s, cos, sin)
 
@@ -156,11 +177,17 @@ class TrainableHead(nn.Module):
     def export(self, target: DecoderWeights) -> EagleWeights:
         state = {"fc": self.fc, "feature_norm": self.feature_norm}
         state.update({f"layer.{n}": p for n, p in self.layer.items()})
-        return eagle_weights(target, {k: v.detach() for k, v in state.items()}, self.vocab_map)
+        return eagle_weights(
+            target,
+            {k: v.detach() for k, v in state.items()},
+            self.vocab_map,
+            feature_layers=self.feature_layers,
+        )
 
 
-def load_head_state(folder: Path, hidden: int) -> dict[str, torch.Tensor]:
-    """An exported head's tensors (its parameters and token subset): what --init-head continues from."""
+def load_head_state(folder: Path, hidden: int) -> tuple[dict[str, torch.Tensor], tuple[int, ...]]:
+    """An exported head's tensors (its parameters and token subset) and feature layers: what
+    --init-head continues from."""
     import json
 
     from safetensors.torch import load_file
@@ -172,7 +199,12 @@ def load_head_state(folder: Path, hidden: int) -> dict[str, torch.Tensor]:
     config = EagleConfig(**json.loads((folder / EAGLE_CONFIG).read_text()))
     if config.hidden != hidden:
         raise SystemExit(f"--init-head: the head in {folder} is for width {config.hidden}, not {hidden}")
-    return load_file(str(folder / EAGLE_WEIGHTS))
+    return load_file(str(folder / EAGLE_WEIGHTS)), config.feature_layers
+
+
+def as_guess(predicted: torch.Tensor, width: int) -> torch.Tensor:
+    """The head's guesses g [..., hidden] as feature rows [..., width]: the earlier layers' blocks zero."""
+    return F.pad(predicted, (0, width - predicted.shape[-1]))
 
 
 def unit_rms(x: torch.Tensor) -> torch.Tensor:
@@ -212,13 +244,17 @@ def head_loss(
     head: TrainableHead, data: TargetPass, rows: torch.Tensor, labels: Labels, settings: EagleSettings
 ) -> tuple[torch.Tensor, float]:
     """Loss of one batch of windows (two unrolled passes); and the first pass's top-1 agreement."""
-    feats = data.features[rows].float()  # [B, T, h]
+    feats = data.features[rows].float()  # [B, T, width]
+    hidden, width = head.shape.hidden, feats.shape[-1]
     ids = data.ids[rows]
     # position t: (f_t, x_{t+1}) -> f_{t+1}, the target's choice after x_{t+1} and its distribution there
     inputs, next_ids = feats[:, :-1], ids[:, 1:]
-    target_features, target_rows = unit_rms(feats[:, 1:]), labels.choice[rows][:, 1:]
+    target_features, target_rows = unit_rms(feats[:, 1:, :hidden]), labels.choice[rows][:, 1:]
     top_rows, top_probs = labels.top_rows[rows][:, 1:], labels.top_probs[rows][:, 1:]
-    noise = (torch.rand_like(inputs) * 2 - 1) * settings.noise * inputs.pow(2).mean(-1, keepdim=True).sqrt()
+    scale = inputs.unflatten(-1, (-1, hidden)).pow(2).mean(-1, keepdim=True).sqrt()  # each block's RMS
+    noise = ((torch.rand_like(inputs) * 2 - 1).unflatten(-1, (-1, hidden)) * settings.noise * scale).flatten(
+        -2
+    )
     total = torch.zeros(())
     agreement = 0.0
     for unroll in range(2):
@@ -233,7 +269,7 @@ def head_loss(
             valid = target_rows != IGNORE
             agreement = float(((logits.argmax(-1) == target_rows) & valid).sum() / valid.sum().clamp(min=1))
             # the second pass reads the first pass's guess of f_t where f_t stood (t >= 1)
-            inputs = torch.cat([inputs[:, :1], predicted[:, :-1]], dim=1)
+            inputs = torch.cat([inputs[:, :1], as_guess(predicted[:, :-1], width)], dim=1)
             noise = torch.zeros_like(inputs)
     return total, agreement
 
@@ -269,7 +305,7 @@ def held_out_agreement(head: TrainableHead, data: TargetPass, batch: int) -> Agr
         agree[1] += int((hits & greedy).sum())
         total[1] += int(greedy.sum())
         # position t >= 1 again, from the head's guess g_{t-1} of f_t
-        second_in = torch.cat([feats[:, :1], first[:, :-1]], dim=1)
+        second_in = torch.cat([feats[:, :1], as_guess(first[:, :-1], feats.shape[-1])], dim=1)
         second = head.vocab_map[head.logits(head(second_in, ids[:, 1:])).argmax(-1)]
         agree[2] += int((second[:, 1:] == choices[:, 2:]).sum())
         total[2] += second[:, 1:].numel()
@@ -284,12 +320,15 @@ def learning_rate(step: int, total: int, elapsed_min: float, settings: EagleSett
     return settings.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def cached_pass(target, windows: torch.Tensor, name: str) -> TargetPass:
+def cached_pass(target, windows: torch.Tensor, name: str, feature_layers: tuple[int, ...] = ()) -> TargetPass:
     """The target pass over windows, kept under WORK_DIR; a pass stored for a prefix of them is reused."""
     length = windows.shape[1]
+    width = target.shape.hidden * (1 + len(feature_layers))
+    if feature_layers:  # passes with other feature layers are other files
+        name = f"{name}-layers{'_'.join(map(str, feature_layers))}"
     done = TargetPass(
         windows[:0],
-        torch.empty(0, length, target.shape.hidden, dtype=target.embed.dtype),
+        torch.empty(0, length, width, dtype=target.embed.dtype),
         windows[:0],
         torch.empty(0, length, TOP, dtype=torch.int32),
         torch.empty(0, length, TOP),
@@ -306,7 +345,7 @@ def cached_pass(target, windows: torch.Tensor, name: str) -> TargetPass:
         print(f"target pass ({name}): reusing {len(done.ids)} of {len(windows)} windows", file=sys.stderr)
     if len(done.ids) == len(windows):
         return done
-    rest = target_pass(target, windows[len(done.ids) :], desc=f"target pass ({name})")
+    rest = target_pass(target, windows[len(done.ids) :], f"target pass ({name})", feature_layers)
     data = TargetPass(
         windows, *(torch.cat([getattr(done, field), getattr(rest, field)]) for field in PASS_FIELDS[1:])
     )
@@ -314,6 +353,29 @@ def cached_pass(target, windows: torch.Tensor, name: str) -> TargetPass:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({field: getattr(data, field) for field in PASS_FIELDS}, path)
     return data
+
+
+def feature_layers(spec: str | None, start: tuple[int, ...], n_layers: int) -> tuple[int, ...]:
+    """--feature-layers (e.g. "1,14"), checked; default: those of the head it starts from.
+
+    A head continued with more layers keeps its own as a prefix (its input columns stay in place).
+    """
+    if spec is None:
+        return start
+    try:
+        layers = tuple(int(part) for part in spec.split(",") if part.strip())
+    except ValueError:
+        raise SystemExit(f"--feature-layers: comma-separated layer numbers, not {spec!r}") from None
+    if list(layers) != sorted(set(layers)) or any(not 0 <= i < n_layers - 1 for i in layers):
+        raise SystemExit(
+            f"--feature-layers: distinct ascending layers in 0 .. {n_layers - 2} (the last is read anyway), "
+            f"not {spec!r}"
+        )
+    if layers[: len(start)] != start:
+        raise SystemExit(
+            f"--feature-layers {spec}: the head it starts from reads {list(start)}, which must come first"
+        )
+    return layers
 
 
 def run_train_eagle(args: argparse.Namespace) -> int:
@@ -347,9 +409,12 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     held_out = token_windows(
         sorted((root / HELD_OUT_PACKAGE).rglob("*.py")), target.tokenizer, settings.seq_len, eos
     )[: settings.eval_windows]
-    train = cached_pass(target.weights, windows, f"train-from{skip}" if skip else "train")
-    test = cached_pass(target.weights, held_out, "held-out")
-    start = load_head_state(Path(args.init_head), target.weights.shape.hidden) if args.init_head else None
+    start, start_layers = (
+        load_head_state(Path(args.init_head), target.weights.shape.hidden) if args.init_head else (None, ())
+    )
+    layers = feature_layers(args.feature_layers, start_layers, target.weights.shape.n_layers)
+    train = cached_pass(target.weights, windows, f"train-from{skip}" if skip else "train", layers)
+    test = cached_pass(target.weights, held_out, "held-out", layers)
     # a head continued from another keeps its token subset (its LM head rows)
     if start is not None:
         vocab_map = start["vocab_map"]
@@ -363,7 +428,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    head = TrainableHead(target.weights, vocab_map)
+    head = TrainableHead(target.weights, vocab_map, layers)
     if start is not None:
         head.start_from(start)
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, weight_decay=0.0)
@@ -420,6 +485,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         # the last row of a training window sees itself and the seq_len - 2 slots before it: no
         # key further back (see drafting/eagle.EagleHead)
         window=settings.seq_len - 1,
+        feature_layers=layers,
     )
     save_eagle(out, head.export(target.weights), config)
     minutes = (time.monotonic() - started) / 60

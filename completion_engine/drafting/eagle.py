@@ -6,7 +6,10 @@ LM head turns into the next token). The head predicts the feature one position f
     g_i = layer(fc([embed(x_{i+1}), norm(f_i)]))      # one decoder layer, its own KV cache
     draft distribution for x_{i+2} = softmax(lm_head(final_norm(g_i)))
 
-and goes on from its own guess (g_i in place of f_{i+1}) for the tokens after that. Position i of
+and goes on from its own guess (g_i in place of f_{i+1}) for the tokens after that. A head with
+`feature_layers` (EAGLE-3's fused features) also reads those earlier layers' outputs at i, each
+normalised on its own: fc([embed(x_{i+1}), norm(f_i), norm(l_i), norm(m_i)]); after its own guess,
+which has no earlier layers, their blocks are zero. Position i of
 the head needs f_i, which the target computed, and x_{i+1}, the token after it: after a verify step
 the runner holds features for every kept token, and the pending token (the target's next choice)
 is x_{L}, so the head's first draft token costs one head row, the rest one row each.
@@ -55,8 +58,8 @@ class EagleWeights:
     """A trained head plus the target parts it borrows (embedding, final norm, LM head rows)."""
 
     shape: DecoderShape  # the target's shape (the head is one layer of it)
-    fc: torch.Tensor  # [hidden, 2 * hidden]: [embedding, normed feature] -> the layer's input
-    feature_norm: torch.Tensor  # [hidden]
+    fc: torch.Tensor  # [hidden, (2 + len(feature_layers)) * hidden]: [embedding, normed features] -> input
+    feature_norm: torch.Tensor  # [(1 + len(feature_layers)) * hidden]: the last layer's, then the others'
     layer: LayerWeights
     embed: torch.Tensor  # [vocab, hidden] the target's
     final_norm: torch.Tensor  # [hidden] the target's
@@ -65,6 +68,12 @@ class EagleWeights:
     inv_freq: torch.Tensor
     rope_scale: float
     window: int | None = None  # slots each row attends back to at most (None: all): see EagleHead
+    feature_layers: tuple[int, ...] = ()  # the target's earlier layers it reads beside the last
+
+    @property
+    def feature_width(self) -> int:
+        """The width of a target feature it reads (runner.features' rows)."""
+        return self.shape.hidden * (1 + len(self.feature_layers))
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +169,8 @@ class EagleHead:
     ) -> torch.Tensor:
         """Predicted next features g [n, hidden] of n new slots appended after `length`.
 
-        features [n, hidden]: f (or a parent's g) per row; positions: each row's sequence position;
+        features [n, feature_width]: the target's features per row, or [n, hidden]: a parent's g (the
+        earlier layers' blocks are then zero); positions: each row's sequence position;
         visible [n, length + n] bool: which slots each row attends to (None: causal, all earlier slots).
         Either way a row sees no slot before `first` (never computed) and, with a window, none more
         than `window - 1` positions before its own.
@@ -171,7 +181,7 @@ class EagleHead:
             raise ValueError(f"draft head cache full: {start + n} slots, capacity {self.capacity}")
         ids = torch.tensor(tokens, dtype=torch.long, device=features.device)
         lin = self.linears
-        x = lin.fc(torch.cat([F.embedding(ids, w.embed), rms_norm(features, w.feature_norm, s.rms_eps)], -1))
+        x = lin.fc(torch.cat([F.embedding(ids, w.embed), normed_features(features, w)], -1))
         pos = torch.tensor(positions, dtype=torch.long, device=features.device)
         cos, sin = self.cos[pos, None, :], self.sin[pos, None, :]
         layer = w.layer
@@ -220,6 +230,17 @@ class EagleHead:
         return self.linears.head(rms_norm(predicted, self.w.final_norm, self.w.shape.rms_eps)).float()
 
 
+def normed_features(features: torch.Tensor, w: EagleWeights) -> torch.Tensor:
+    """features [n, feature_width] or [n, hidden] (a guess: the rest zero), each block RMS-normalised."""
+    n, hidden = features.shape[0], w.shape.hidden
+    blocks = features.shape[1] // hidden
+    norms = w.feature_norm.view(-1, hidden)
+    normed = rms_norm(features.view(n, blocks, hidden), norms[:blocks], w.shape.rms_eps).view(n, -1)
+    if blocks == len(norms):
+        return normed
+    return torch.cat([normed, normed.new_zeros(n, (len(norms) - blocks) * hidden)], -1)
+
+
 class EagleDrafter:
     """Drafts from the target runner's features with an EagleHead (see the module docstring)."""
 
@@ -233,8 +254,11 @@ class EagleDrafter:
         tree: TreeSettings | None,
         size: Callable[[int], int] | None = None,
     ) -> None:
-        if runner.features is None:
-            raise ValueError("the EAGLE head needs a target runner built with keep_features=True")
+        if runner.features is None or runner.feature_layers != weights.feature_layers:
+            raise ValueError(
+                "the EAGLE head needs a target runner built with keep_features=True and "
+                f"feature_layers={weights.feature_layers}"
+            )
         self.runner = runner
         # on the kernel exactly where the target's runner is (a float32 runner forced onto torch too)
         self.head = EagleHead(weights, runner.cache.capacity, packed=runner.row_invariant_kernel)
@@ -273,7 +297,7 @@ class EagleDrafter:
     def token_seconds(self) -> float:
         """The best time of one head step and its logits: what drafting is priced by."""
         head = self.head
-        features = torch.zeros(1, head.w.fc.shape[0], dtype=head.keys.dtype, device=head.keys.device)
+        features = torch.zeros(1, head.w.feature_width, dtype=head.keys.dtype, device=head.keys.device)
 
         def token() -> None:
             head.logits(head.forward(features, [0], [0]))

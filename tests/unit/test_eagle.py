@@ -233,7 +233,8 @@ def test_training_can_continue_from_a_saved_head(one_layer_target, tmp_path):
     weights = near_head(one_layer_target)
     save_eagle(tmp_path, weights, EagleConfig(subset_size=480, target="tiny", hidden=weights.shape.hidden))
     target = one_layer_target.weights
-    state = load_head_state(tmp_path, target.shape.hidden)
+    state, layers = load_head_state(tmp_path, target.shape.hidden)
+    assert layers == ()
     trainable = TrainableHead(target, state["vocab_map"])
     trainable.start_from(state)
     exported, saved = trainable.export(target), load_eagle(target, tmp_path)
