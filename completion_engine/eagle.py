@@ -15,7 +15,7 @@ import torch
 
 from completion_engine.defaults import EAGLE_CONFIG, EAGLE_DIR, EAGLE_NAME, EAGLE_WEIGHTS, is_eagle_head
 from completion_engine.drafting.eagle import EagleWeights
-from completion_engine.runner import DecoderWeights, LayerWeights
+from completion_engine.runner import DecoderWeights, LayerWeights, feature_layers_fit
 
 __all__ = [
     "EAGLE_DIR",
@@ -114,7 +114,7 @@ def load_eagle(target: DecoderWeights, spec: str | Path | None = None) -> EagleW
     if config.window is not None and config.window < 1:
         raise ModelLoadError(f"the EAGLE head in {folder} has a window of {config.window} slots (at least 1)")
     layers = config.feature_layers
-    if list(layers) != sorted(set(layers)) or any(not 0 <= i < target.shape.n_layers - 1 for i in layers):
+    if not feature_layers_fit(layers, target.shape.n_layers):
         raise ModelLoadError(
             f"the EAGLE head in {folder} reads layers {list(layers)}; a target of {target.shape.n_layers} "
             f"layers has earlier layers 0 .. {target.shape.n_layers - 2} (distinct, ascending)"

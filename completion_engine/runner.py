@@ -199,6 +199,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
+def feature_layers_fit(layers: Sequence[int], n_layers: int) -> bool:
+    """Can a runner keep these layers' outputs beside the last one's: distinct, ascending, earlier layers."""
+    return list(layers) == sorted(set(layers)) and all(0 <= layer < n_layers - 1 for layer in layers)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -268,9 +273,7 @@ class DecoderRunner:
         # copy of rows the forward computes anyway, so the target's bits do not change.
         # feature_layers: earlier layers whose outputs are kept beside it (EAGLE-3's low and middle
         # features): features[p] is [last, feature_layers[0], ...], each `hidden` wide.
-        if list(feature_layers) != sorted(set(feature_layers)) or any(
-            not 0 <= layer < s.n_layers - 1 for layer in feature_layers
-        ):
+        if not feature_layers_fit(feature_layers, s.n_layers):
             raise ValueError(
                 f"feature layers are distinct, ascending and in 0 .. {s.n_layers - 2} (the last is kept "
                 f"anyway), not {feature_layers}"

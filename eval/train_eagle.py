@@ -37,7 +37,7 @@ from completion_engine.drafting.eagle import EagleWeights
 from completion_engine.eagle import EAGLE_DIR, EagleConfig, eagle_weights, save_eagle
 from completion_engine.models import dtype_name
 from completion_engine.row_invariant import cpu_multiplies_bf16
-from completion_engine.runner import DecoderRunner, DecoderWeights, rms_norm
+from completion_engine.runner import DecoderRunner, DecoderWeights, feature_layers_fit, rms_norm
 from eval.train_draft import (
     HELD_OUT_PACKAGE,
     LAYER_FIELDS,
@@ -366,7 +366,7 @@ def feature_layers(spec: str | None, start: tuple[int, ...], n_layers: int) -> t
         layers = tuple(int(part) for part in spec.split(",") if part.strip())
     except ValueError:
         raise SystemExit(f"--feature-layers: comma-separated layer numbers, not {spec!r}") from None
-    if list(layers) != sorted(set(layers)) or any(not 0 <= i < n_layers - 1 for i in layers):
+    if not feature_layers_fit(layers, n_layers):
         raise SystemExit(
             f"--feature-layers: distinct ascending layers in 0 .. {n_layers - 2} (the last is read anyway), "
             f"not {spec!r}"

@@ -9,10 +9,10 @@ LM head turns into the next token). The head predicts the feature one position f
 and goes on from its own guess (g_i in place of f_{i+1}) for the tokens after that. A head with
 `feature_layers` (EAGLE-3's fused features) also reads those earlier layers' outputs at i, each
 normalised on its own: fc([embed(x_{i+1}), norm(f_i), norm(l_i), norm(m_i)]); after its own guess,
-which has no earlier layers, their blocks are zero. Position i of
-the head needs f_i, which the target computed, and x_{i+1}, the token after it: after a verify step
-the runner holds features for every kept token, and the pending token (the target's next choice)
-is x_{L}, so the head's first draft token costs one head row, the rest one row each.
+which has no earlier layers, their blocks are zero. Position i of the head needs f_i, which the
+target computed, and x_{i+1}, the token after it: after a verify step the runner holds features
+for every kept token, and the pending token (the target's next choice) is x_{L}, so the head's
+first draft token costs one head row, the rest one row each.
 
 Greedy drafting builds a token tree (EAGLE-2): the children of a node are its most probable tokens,
 a node's score is the product of the head's probabilities along its path (an estimate of its
