@@ -38,6 +38,26 @@ every weight once, so it runs at memory speed: at a 2,000-token context a step o
 prefill 8.61 against 8.53 s (one thread, `python -m eval.bench_panels`).
 The packed copy adds half the memory of the float32 weights (all of it with float32 panels).
 
+Where the CPU has AVX-512 (checked at run time; one build, the rest AVX2), 2 to 16 rows (a verify
+block) run 512-bit tiles of up to 12 rows x a whole panel: a weight is widened once per 12 rows
+instead of once per 3 (whole panels) or 6 (half panels, each weight read twice), and 3 rows no longer
+spill AVX2's 16 registers. The same chains, so the same bits (`set_wide_tiles` turns them off to
+compare; test_row_invariant.py checks it). Measured on an AMD EPYC (Zen 4, 2 cores, shared): the 30
+layers' Linears and the LM head with bf16 panels, 256-bit and 512-bit tiles interleaved in one
+process, best of 7, ms:
+
+    rows              1     2     3     4     8    11    16
+    1 thread, 256  12.7  15.9  22.4  25.0  42.8  50.7  64.8
+    1 thread, 512  12.7  15.0  17.9  21.1  29.9  38.9  57.4
+    2 threads, 256  7.4   9.4  12.4  13.9  22.7  26.6  33.8
+    2 threads, 512  7.6   8.6  10.3  11.7  16.4  21.0  29.8
+
+and the whole forward at a 2,000-token context (`python -m eval.bench_forward --threads 1`, with
+SPEC_COMPLETE_ROW_KERNEL=avx2 and without, alternating, two rounds): a verify block of 11 tokens
+75.2 and 82.4 -> 60.5 and 62.8 ms, a 1-row step 16.3 and 19.1 -> 16.4 and 16.6 ms. Prefill blocks
+(128 rows) keep the 3-row tiles: compute-bound there, 512-bit tiles ran no faster (357.9 against
+356.0 ms at 128 rows).
+
 Attention (`attention`) runs on the same micro-kernel over the KV cache's panel layout: scores are
 fixed chains over head_dim, the softmax is the kernel's own, outputs are fixed chains over the keys;
 fused in one call per layer, a 2,136-token prefill's attention took 1.42 s against 2.06 s for
@@ -54,7 +74,8 @@ Token trees keep the step-by-step calls.
 The kernel is compiled on first use with torch's C++ extension loader (a C++ compiler and the Python
 headers; about 30 s, once, cached under ~/.cache/spec-complete/kernels). Where it cannot be built,
 the CPU lacks AVX2 and FMA, the dtype is not float32 or the device not a CPU, the runner keeps
-torch's kernels and its probed row buckets. SPEC_COMPLETE_ROW_KERNEL=0 turns it off.
+torch's kernels and its probed row buckets. SPEC_COMPLETE_ROW_KERNEL=0 turns it off; =avx2 keeps
+verify blocks on 256-bit tiles where the CPU has AVX-512 (the same bits, slower: to compare).
 """
 
 from __future__ import annotations
@@ -118,7 +139,7 @@ def _build() -> ModuleType | None:
     directory.mkdir(parents=True, exist_ok=True)
     logger.info("row-invariant float32 kernel: loading from %s (the first build takes about 30 s)", directory)
     try:
-        return load(
+        module = load(
             name="spec_complete_row_invariant_linear",
             sources=[str(SOURCE)],
             extra_cflags=FLAGS,
@@ -133,6 +154,9 @@ def _build() -> ModuleType | None:
             str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__,
         )
         return None
+    if os.environ.get("SPEC_COMPLETE_ROW_KERNEL") == "avx2":
+        module.set_wide_tiles(False)  # 256-bit verify blocks on an AVX-512 CPU: the same bits, to compare
+    return module
 
 
 def usable(dtype: torch.dtype, device: torch.device) -> bool:

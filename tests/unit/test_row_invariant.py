@@ -58,6 +58,29 @@ def test_non_contiguous_input_gives_the_same_bits():
     assert torch.equal(linear(wide[:, ::2]), linear(wide[:, ::2].contiguous()))
 
 
+def test_512_bit_verify_tiles_give_the_bits_of_256_bit_ones():
+    # where the CPU has AVX-512, 2 to 16 rows run 512-bit tiles of up to 12 rows (bf16 and float32
+    # panels); elsewhere both calls run the 256-bit tiles and the test holds trivially
+    module = row_invariant.kernel()
+    generator = torch.Generator().manual_seed(11)
+    weight = torch.randn(200, 300, generator=generator).bfloat16().float()  # k = 300: three k blocks
+    x = torch.randn(40, 300, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for panels in (module.pack_bf16(weight), module.pack(weight)):
+                for rows in (*range(1, 18), 40):
+                    wide = module.set_wide_tiles(True)
+                    got = module.linear(x[:rows], panels, 200, None)
+                    module.set_wide_tiles(False)
+                    expected = module.linear(x[:rows], panels, 200, None)
+                    assert torch.equal(got, expected), (panels.dtype, rows, count, wide)
+    finally:
+        module.set_wide_tiles(True)
+        torch.set_num_threads(threads)
+
+
 def test_wrong_dtype_is_a_clear_error():
     with pytest.raises(RuntimeError, match="float32"):
         row_invariant.pack(torch.randn(8, 8, dtype=torch.bfloat16))
