@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from completion_engine.draft_budget import (
@@ -47,9 +48,18 @@ def test_acceptance_counts_depths_and_forgets():
     acceptance = Acceptance()
     acceptance.observe(drafted=4, accepted=2)  # depths 1, 2 accepted; 3 rejected; 4 never tried
     assert acceptance.accepted == [1.0, 1.0, 0.0, 0.0] and acceptance.rejected == [0.0, 0.0, 1.0, 0.0]
-    assert acceptance.chances(4) == [2 / 3, 2 / 3, 1 / 3, 1 / 2]
+    # each depth's prior is the depth before's chance: 2/3, then (2 * 2/3 + 1) / 3, then (2 * 7/9) / 3, ...
+    assert acceptance.chances(4) == pytest.approx([2 / 3, 7 / 9, 14 / 27, 14 / 27])
     acceptance.observe(drafted=1, accepted=1)
     assert acceptance.accepted[0] == 0.97 + 1.0 and acceptance.rejected[2] == 0.97
+
+
+def test_a_depth_never_drafted_is_taken_to_be_as_likely_as_the_one_before():
+    budget = DraftBudget(0.3, 0.04)  # a verify row and a head token: costly rows, as on a 2-core CPU
+    draft = Draft(tokens=[1], probs=None, source="model")
+    for step in range(100):  # one-token drafts, 70% accepted: depth 2 never tried
+        budget.observe(draft, drafted=1, accepted=int(step % 10 < 7))
+    assert budget.plan(10) >= 2  # worth trying a second token, which a flat 0.5 prior never found
 
 
 def test_a_cut_tree_keeps_its_first_nodes():
