@@ -55,8 +55,8 @@ process, best of 7, ms:
 and the whole forward at a 2,000-token context (`python -m eval.bench_forward --threads 1`, with
 SPEC_COMPLETE_ROW_KERNEL=avx2 and without, alternating, two rounds): a verify block of 11 tokens
 75.2 and 82.4 -> 60.5 and 62.8 ms, a 1-row step 16.3 and 19.1 -> 16.4 and 16.6 ms. Prefill blocks
-(128 rows) keep the 3-row tiles: compute-bound there, 512-bit tiles ran no faster (357.9 against
-356.0 ms at 128 rows).
+(128 rows) keep the 3-row tiles: compute-bound there, 512-bit tiles ran no faster (128 rows: 357.9
+against 356.0 ms on one thread, 179.9 against 182.0 on two).
 
 Attention (`attention`) runs on the same micro-kernel over the KV cache's panel layout: scores are
 fixed chains over head_dim, the softmax is the kernel's own, outputs are fixed chains over the keys;

@@ -26,7 +26,7 @@ constexpr int64_t kPanel = kVectors * 8;     // output columns per panel
 constexpr int64_t kBlockK = 128;             // k per block: a 128 x 32 panel block (16 KiB) stays in L1
 constexpr int64_t kBlockRows = 3;            // rows per micro-kernel call: 3 x 4 accumulators
 constexpr int64_t kHalfRows = 6;             // bf16 panels, small blocks: tiles of 6 rows x 2 vectors (half a panel)
-constexpr int64_t kHalfRowsMost = 16;        // the most rows that take half-panel tiles (a whole verify block)
+constexpr int64_t kHalfRowsMost = 16;        // the most rows that take half-panel tiles, or 512-bit ones (a whole verify block)
 
 // Continue the chains of rows [0, R) x the panel's 32 columns over k in [k0, k1).
 // acc holds the chains so far ([R][32]); it is ignored and the chains start at zero when first.
@@ -198,7 +198,7 @@ namespace {
 // accumulators and 2 weight vectors of the 32 registers), so a weight is loaded and widened once per
 // 12 rows and a row's value broadcast once per 32 columns. Each lane is the chain micro's 256-bit
 // lanes compute, in the same order: the same bits. (AVX2's 16 registers could hold no more than 3
-// rows of a whole panel, or 6 of half a panel, which reads every weight twice.)
+// rows of a whole panel, or 6 of half a panel, which broadcasts every x value twice.)
 #define WIDE_TILES __attribute__((target("avx512f")))
 constexpr int64_t kWideRows = 12;
 std::atomic<bool> wide_tiles_on{__builtin_cpu_supports("avx512f") != 0};
@@ -261,8 +261,9 @@ template <typename W>
 inline void rows_block(const float* xp, int64_t m, int64_t k, const W* panel, int64_t k0, int64_t k1, float* acc,
                        float* wide) {
   // 2 to 16 rows (a verify block): 512-bit tiles where the CPU has them. Not prefill blocks:
-  // compute-bound there, 3-row tiles ran as fast (128 rows, one and two threads: 347 against 357 ms
-  // and 186 against 188 ms for the 30 layers' Linears and the LM head)
+  // compute-bound there, 512-bit tiles ran no faster (128 rows, the 30 layers' Linears and the LM
+  // head, 256-bit against 512-bit tiles: 356.0 against 357.9 ms on one thread, 182.0 against 179.9
+  // on two)
   if (m >= 2 && m <= kHalfRowsMost && wide_tiles_on.load(std::memory_order_relaxed)) {
     wide_tiles(xp, m, k, panel, k0, k1, acc);
     return;
@@ -849,11 +850,11 @@ torch::Tensor layer(const torch::Tensor& x, const torch::Tensor& input_norm, con
 
 // Both release the GIL while they compute, as torch's own ops do: the language server's event loop
 // and other Python threads keep running while the model worker multiplies.
-// Turns the 512-bit verify tiles on (where the CPU has AVX-512) or off; -> whether they are on. The
-// bits are the same either way: to compare the two, and for the test that says so.
+// Turns the 512-bit verify tiles on (where the CPU has AVX-512) or off. The bits are the same either
+// way: to compare the two, and for the test that says so.
+// -> whether they were on before (to restore).
 bool set_wide_tiles(bool on) {
-  wide_tiles_on = on && __builtin_cpu_supports("avx512f");
-  return wide_tiles_on;
+  return wide_tiles_on.exchange(on && __builtin_cpu_supports("avx512f"));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {

@@ -57,8 +57,8 @@ def test_acceptance_counts_depths_and_forgets():
 def test_a_depth_never_drafted_is_taken_to_be_as_likely_as_the_one_before():
     budget = DraftBudget(0.3, 0.04)  # a verify row and a head token: costly rows, as on a 2-core CPU
     draft = Draft(tokens=[1], probs=None, source="model")
-    for step in range(100):  # one-token drafts, 70% accepted: depth 2 never tried
-        budget.observe(draft, drafted=1, accepted=int(step % 10 < 7))
+    for step in range(100):  # one-token drafts, 80% accepted: depth 2 never tried
+        budget.observe(draft, drafted=1, accepted=int(step % 10 < 8))
     assert budget.plan(10) >= 2  # worth trying a second token, which a flat 0.5 prior never found
 
 

@@ -58,26 +58,27 @@ def test_non_contiguous_input_gives_the_same_bits():
     assert torch.equal(linear(wide[:, ::2]), linear(wide[:, ::2].contiguous()))
 
 
+@pytest.mark.skipif("avx512f" not in row_invariant.cpu_flags(), reason="the CPU has no AVX-512")
 def test_512_bit_verify_tiles_give_the_bits_of_256_bit_ones():
-    # where the CPU has AVX-512, 2 to 16 rows run 512-bit tiles of up to 12 rows (bf16 and float32
-    # panels); elsewhere both calls run the 256-bit tiles and the test holds trivially
+    # 2 to 16 rows run 512-bit tiles of up to 12 rows (bf16 and float32 panels); 1 row and prefill
+    # blocks the 256-bit ones either way
     module = row_invariant.kernel()
     generator = torch.Generator().manual_seed(11)
     weight = torch.randn(200, 300, generator=generator).bfloat16().float()  # k = 300: three k blocks
     x = torch.randn(40, 300, generator=generator)
-    threads = torch.get_num_threads()
+    threads, before = torch.get_num_threads(), module.set_wide_tiles(True)
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
             for panels in (module.pack_bf16(weight), module.pack(weight)):
                 for rows in (*range(1, 18), 40):
-                    wide = module.set_wide_tiles(True)
+                    module.set_wide_tiles(True)
                     got = module.linear(x[:rows], panels, 200, None)
-                    module.set_wide_tiles(False)
+                    assert module.set_wide_tiles(False)  # they were on
                     expected = module.linear(x[:rows], panels, 200, None)
-                    assert torch.equal(got, expected), (panels.dtype, rows, count, wide)
+                    assert torch.equal(got, expected), (panels.dtype, rows, count)
     finally:
-        module.set_wide_tiles(True)
+        module.set_wide_tiles(before)
         torch.set_num_threads(threads)
 
 
