@@ -38,10 +38,7 @@ from dataclasses import dataclass, field, replace
 from completion_engine.types import Draft
 
 FORGET = 0.97  # weight left to past steps after each new one (about the last 30 steps count)
-PRIOR = (
-    1.0,
-    1.0,
-)  # pseudo-counts at each depth, weight 2: mean 0.5 at depth 1, then the depth before's chance
+PRIOR = (1.0, 1.0)  # pseudo-counts at each depth: mean 0.5 at depth 1, then the depth before's chance
 EXPLORE = 8  # a kind with k = 0 still drafts one token every EXPLORE-th step
 MATCH_CLASSES = (3, 5, 8)  # n-gram match lengths below 3, 3-4, 5-7, 8 and more learn apart
 MODEL = "model"  # the source, and kind, of drafts from a draft model or head: sized by plan()

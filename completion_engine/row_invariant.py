@@ -40,7 +40,7 @@ The packed copy adds half the memory of the float32 weights (all of it with floa
 
 Where the CPU has AVX-512 (checked at run time; one build, the rest AVX2), 2 to 16 rows (a verify
 block) run 512-bit tiles of up to 12 rows x a whole panel: a weight is widened once per 12 rows
-instead of once per 3 (whole panels) or 6 (half panels, each weight read twice), and 3 rows no longer
+instead of once per 3 (whole panels) or 6 (half panels, each x value broadcast twice), and 3 rows no longer
 spill AVX2's 16 registers. The same chains, so the same bits (`set_wide_tiles` turns them off to
 compare; test_row_invariant.py checks it). Measured on an AMD EPYC (Zen 4, 2 cores, shared): the 30
 layers' Linears and the LM head with bf16 panels, 256-bit and 512-bit tiles interleaved in one

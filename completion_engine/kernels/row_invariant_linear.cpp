@@ -848,15 +848,14 @@ torch::Tensor layer(const torch::Tensor& x, const torch::Tensor& input_norm, con
   return h + linear(act, panels[3], out_features[3], biases[3]);
 }
 
-// Both release the GIL while they compute, as torch's own ops do: the language server's event loop
-// and other Python threads keep running while the model worker multiplies.
 // Turns the 512-bit verify tiles on (where the CPU has AVX-512) or off. The bits are the same either
-// way: to compare the two, and for the test that says so.
-// -> whether they were on before (to restore).
+// way: to compare the two, and for the test that says so. -> whether they were on before (to restore).
 bool set_wide_tiles(bool on) {
   return wide_tiles_on.exchange(on && __builtin_cpu_supports("avx512f"));
 }
 
+// Both release the GIL while they compute, as torch's own ops do: the language server's event loop
+// and other Python threads keep running while the model worker multiplies.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("set_wide_tiles", &set_wide_tiles, "512-bit verify tiles on (where the CPU has AVX-512) or off");
   module.def("pack", &pack, "weight [N, K] -> panels [ceil(N / 32), K, 32]",
