@@ -72,8 +72,9 @@ two threads: 22 -> 17 ms, the other core no longer waiting on the glue; one thre
 Token trees keep the step-by-step calls.
 
 The kernel is compiled on first use with torch's C++ extension loader (a C++ compiler and the Python
-headers; about 30 s, once, cached under ~/.cache/spec-complete/kernels). Where it cannot be built,
-the CPU lacks AVX2 and FMA, the dtype is not float32 or the device not a CPU, the runner keeps
+headers; about 30 s, once, cached in $SPEC_COMPLETE_CACHE/kernels, by default ~/.cache/spec-complete;
+a build stopped midway is redone by the next load: `build_lock`). Where it cannot be built, the CPU
+lacks AVX2 and FMA, the dtype is not float32 or the device not a CPU, the runner keeps
 torch's kernels and its probed row buckets. SPEC_COMPLETE_ROW_KERNEL=0 turns it off; =avx2 keeps
 verify blocks on 256-bit tiles where the CPU has AVX-512 (the same bits, slower: to compare).
 """
@@ -84,11 +85,16 @@ import logging
 import os
 import platform
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import torch
+
+from completion_engine.embedded import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -128,32 +134,85 @@ def kernel() -> ModuleType | None:
         return _built["module"]
 
 
+def build_directory() -> Path:
+    """Where the compiled extension is cached: one folder per torch version, in the embedded model's cache."""
+    version = torch.__version__.replace("+", "_")
+    return cache_root() / "kernels" / f"torch-{version}"
+
+
+BUILD_WAIT_S = 600.0  # another process's first build takes 30-60 s; ten minutes means it is stuck
+
+
+@contextmanager
+def build_lock(directory: Path, wait_s: float = BUILD_WAIT_S) -> Iterator[bool]:
+    """Holds an flock on directory/build.flock while this process builds or loads the extension.
+
+    Yields False (holding nothing) if another process held it for wait_s. Why: torch's loader marks a
+    build with a file named `lock` and removes it when done, so a process stopped mid-build (Ctrl-C, a
+    killed job) leaves it behind and every later load waits on it forever. The OS releases an flock
+    when its holder dies, and every process of ours takes this one before torch's, so a `lock` found
+    under it belongs to no live process: it is removed.
+    """
+    import fcntl  # POSIX only, as is the kernel (x86-64 Linux)
+
+    with open(directory / "build.flock", "a") as handle:
+        deadline = time.monotonic() + wait_s
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                if not waiting:
+                    logger.info("row-invariant float32 kernel: waiting for another process's build")
+                    waiting = True
+                time.sleep(0.1)
+        try:
+            stale = directory / "lock"
+            if stale.exists():
+                logger.warning("row-invariant float32 kernel: removed %s, left by a stopped build", stale)
+                stale.unlink(missing_ok=True)
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _build() -> ModuleType | None:
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
         logger.info("row-invariant float32 kernel: this CPU lacks AVX2/FMA; using torch's kernels")
         return None
     from torch.utils.cpp_extension import load
 
-    version = torch.__version__.replace("+", "_")
-    directory = Path.home() / ".cache" / "spec-complete" / "kernels" / f"torch-{version}"
+    directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
     logger.info("row-invariant float32 kernel: loading from %s (the first build takes about 30 s)", directory)
-    try:
-        module = load(
-            name="spec_complete_row_invariant_linear",
-            sources=[str(SOURCE)],
-            extra_cflags=FLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            verbose=False,
-        )
-    except Exception as error:  # a missing compiler or headers: run on torch's kernels instead
-        logger.warning(
-            "row-invariant float32 kernel could not be built (%s); using torch's kernels, "
-            "which are slower for exact decoding on this CPU",
-            str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__,
-        )
-        return None
+    with build_lock(directory) as held:
+        if not held:
+            logger.warning(
+                "row-invariant float32 kernel: another process held %s for %.0f s; using torch's kernels",
+                directory / "build.flock",
+                BUILD_WAIT_S,
+            )
+            return None
+        try:
+            module = load(
+                name="spec_complete_row_invariant_linear",
+                sources=[str(SOURCE)],
+                extra_cflags=FLAGS,
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                verbose=False,
+            )
+        except Exception as error:  # a missing compiler or headers: run on torch's kernels instead
+            logger.warning(
+                "row-invariant float32 kernel could not be built (%s); using torch's kernels, "
+                "which are slower for exact decoding on this CPU",
+                str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__,
+            )
+            return None
     if os.environ.get("SPEC_COMPLETE_ROW_KERNEL") == "avx2":
         module.set_wide_tiles(False)  # 256-bit verify blocks on an AVX-512 CPU: the same bits, to compare
     return module
