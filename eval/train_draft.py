@@ -257,7 +257,22 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--checkpoint", default=None, help="default: eval/out/train-<kind>/checkpoint.pt")
     parser.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    parser.add_argument("--stdlib", default=sysconfig.get_paths()["stdlib"], help="source tree to train on")
+    parser.add_argument(
+        "--stdlib",
+        default=sysconfig.get_paths()["stdlib"],
+        help="the standard library: trained on without the evaluation's packages; its http is the test set",
+    )
+    parser.add_argument(
+        "--train-root",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="train on the Python files under DIR instead of the standard library (repeatable); the "
+        "held-out set stays the standard library's http",
+    )
+    parser.add_argument(
+        "--lr", type=float, default=None, help="peak learning rate (default: distilled 1e-3, eagle 2e-3)"
+    )
     parser.add_argument(
         "--skip-tokens",
         type=int,
@@ -277,6 +292,20 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "default: those of --init-head, else none. A head continued with more layers starts with "
         "zero weights on the new ones (it drafts as before until it learns to use them)",
     )
+
+
+def training_files(args: argparse.Namespace) -> list[Path]:
+    """The .py files to train on: those under --train-root, else the stdlib's but the excluded packages."""
+    if not args.train_root:
+        return python_files(Path(args.stdlib), include=True)
+    files: list[Path] = []
+    for root in map(Path, args.train_root):
+        if not root.is_dir():
+            raise SystemExit(f"--train-root {root} is not a folder")
+        files.extend(python_files(root, include=True))
+    if not files:
+        raise SystemExit(f"no Python files under --train-root {' '.join(args.train_root)}")
+    return files
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -302,6 +331,7 @@ def run_train_distilled(args: argparse.Namespace) -> int:
         seq_len=args.seq_len or TrainSettings.seq_len,
         subset_size=args.subset_size,
         seed=args.seed,
+        lr=args.lr or TrainSettings().lr,
     )
     torch.manual_seed(settings.seed)
     # the target in the dtype it serves in here (models.resolve_dtype)
@@ -312,8 +342,8 @@ def run_train_distilled(args: argparse.Namespace) -> int:
     target_model.eval()
     eos = next(iter(target.eos_token_ids))
     root = Path(args.stdlib)
-    print(f"tokenising {root} ...", file=sys.stderr, flush=True)
-    train = token_windows(python_files(root, include=True), target.tokenizer, settings.seq_len, eos)
+    print(f"tokenising {' '.join(args.train_root or [str(root)])} ...", file=sys.stderr, flush=True)
+    train = token_windows(training_files(args), target.tokenizer, settings.seq_len, eos)
     held_out = token_windows(
         sorted((root / HELD_OUT_PACKAGE).rglob("*.py")), target.tokenizer, settings.seq_len, eos
     )

@@ -43,11 +43,11 @@ from eval.train_draft import (
     LAYER_FIELDS,
     causal_layer,
     frequent_tokens,
-    python_files,
     resume,
     rotary_tables,
     save_checkpoint,
     token_windows,
+    training_files,
 )
 
 WORK_DIR = Path("eval/out/train-eagle")
@@ -390,6 +390,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         minutes=args.minutes,
         subset_size=args.subset_size,
         seed=args.seed,
+        lr=args.lr or EagleSettings().lr,
     )
     torch.manual_seed(settings.seed)
     # the target in the dtype it serves in here (models.resolve_dtype): its features as drafting sees them
@@ -397,15 +398,15 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     autocast = cpu_multiplies_bf16()  # the head trains in bf16 only where the CPU has bf16 units
     eos = next(iter(target.eos_token_ids))
     root = Path(args.stdlib)
-    print(f"tokenising {root} ...", file=sys.stderr, flush=True)
-    windows = token_windows(python_files(root, include=True), target.tokenizer, settings.seq_len, eos)
+    print(f"tokenising {' '.join(args.train_root or [str(root)])} ...", file=sys.stderr, flush=True)
+    windows = token_windows(training_files(args), target.tokenizer, settings.seq_len, eos)
     order = torch.randperm(len(windows), generator=torch.Generator().manual_seed(settings.seed))
     if args.skip_tokens < 0:
         raise SystemExit(f"--skip-tokens must be >= 0, not {args.skip_tokens}")
     skip = args.skip_tokens // settings.seq_len  # windows an earlier run read: new text for this one
     windows = windows[order[skip : skip + max(1, settings.train_tokens // settings.seq_len)]]
     if not len(windows):
-        raise SystemExit(f"--skip-tokens {args.skip_tokens} leaves no training windows in {root}")
+        raise SystemExit(f"--skip-tokens {args.skip_tokens} leaves no training windows")
     held_out = token_windows(
         sorted((root / HELD_OUT_PACKAGE).rglob("*.py")), target.tokenizer, settings.seq_len, eos
     )[: settings.eval_windows]

@@ -498,3 +498,36 @@ def test_training_labels_are_the_targets_choice_and_its_top_tokens_on_the_subset
     loss, agreement = head_loss(head, data, torch.arange(3), labels, EagleSettings())
     loss.backward()
     assert torch.isfinite(loss) and 0.0 <= agreement <= 1.0 and head.fc.grad is not None
+
+
+def test_training_text_comes_from_the_train_roots_or_else_the_stdlib_without_the_evaluations(tmp_path):
+    import argparse
+
+    from eval.train_draft import add_train_arguments, training_files
+
+    stdlib, other = tmp_path / "lib", tmp_path / "other"
+    for path in ("os.py", "email/parser.py", "http/client.py", "json/decoder.py", "asyncio/tasks.py"):
+        (stdlib / path).parent.mkdir(parents=True, exist_ok=True)
+        (stdlib / path).write_text("x = 1\n")
+    (other / "pkg").mkdir(parents=True)
+    (other / "pkg" / "mod.py").write_text("y = 2\n")
+    (other / "README").write_text("not code\n")
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+
+    def names(*argv: str) -> list[str]:
+        return [
+            str(p.relative_to(tmp_path))
+            for p in training_files(parser.parse_args(["--stdlib", str(stdlib), *argv]))
+        ]
+
+    assert names() == [
+        "lib/asyncio/tasks.py",
+        "lib/os.py",
+    ]  # the evaluation's and held-out packages are not read
+    assert names("--train-root", str(other)) == ["other/pkg/mod.py"]
+    with pytest.raises(SystemExit, match="is not a folder"):
+        names("--train-root", str(tmp_path / "missing"))
+    (other / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no Python files"):
+        names("--train-root", str(other / "empty"))
