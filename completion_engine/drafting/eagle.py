@@ -138,6 +138,7 @@ class EagleHead:
         if packed is None:
             packed = row_invariant.usable(weights.embed.dtype, weights.embed.device)
         self.linears = HeadLinears.of(weights, packed)
+        self.packed = packed  # and the small steps (norms, rotary, silu) on the kernel too
         s = weights.shape
         self.capacity = round_up(capacity, 128)
         device, dtype = weights.embed.device, weights.embed.dtype
@@ -180,62 +181,90 @@ class EagleHead:
         if start + n > self.capacity:
             raise ValueError(f"draft head cache full: {start + n} slots, capacity {self.capacity}")
         ids = torch.tensor(tokens, dtype=torch.long, device=features.device)
-        lin = self.linears
-        x = lin.fc(torch.cat([F.embedding(ids, w.embed), normed_features(features, w)], -1))
+        lin, norm = self.linears, self.norm
+        x = lin.fc(torch.cat([F.embedding(ids, w.embed), normed_features(features, w, norm)], -1))
         pos = torch.tensor(positions, dtype=torch.long, device=features.device)
-        cos, sin = self.cos[pos, None, :], self.sin[pos, None, :]
         layer = w.layer
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-        h = rms_norm(x, layer.input_norm, s.rms_eps)
-        q, k, v = lin.qkv(h).split((q_size, kv_size, kv_size), dim=-1)
-        q = q.view(n, s.n_heads, s.head_dim)
-        k = k.view(n, s.n_kv_heads, s.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        qkv = lin.qkv(norm(x, layer.input_norm))
+        v = qkv[:, q_size + kv_size :].view(n, s.n_kv_heads, s.head_dim)
+        if self.packed:  # one kernel call, the values of the torch ops below
+            q, k = row_invariant.rotary(qkv, s.n_heads, s.n_kv_heads, self.cos[pos], self.sin[pos])
+        else:
+            q, k, _ = qkv.split((q_size, kv_size, kv_size), dim=-1)
+            q = q.view(n, s.n_heads, s.head_dim)
+            k = k.view(n, s.n_kv_heads, s.head_dim)
+            cos, sin = self.cos[pos, None, :], self.sin[pos, None, :]
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         self.keys[:, start : start + n] = k.transpose(0, 1)
-        self.values[:, start : start + n] = v.view(n, s.n_kv_heads, s.head_dim).transpose(0, 1)
+        self.values[:, start : start + n] = v.transpose(0, 1)
         end = start + n
-        if visible is None:
-            visible = (
-                torch.arange(end, device=x.device)[None, :]
-                <= torch.arange(start, end, device=x.device)[:, None]
-            )
         first = self.first  # the first slot any row may see: the ones before were never computed
         if w.window is not None and end > w.window:
             # context slot j holds position j; tree slots lie after every row's window start
             first = max(first, min(positions) - w.window + 1)  # (not pos.min(): no device sync)
-            seen = torch.arange(first, end, device=x.device)
-            visible = visible[:, first:] & (seen[None, :] > pos[:, None] - w.window)
+        if visible is None and n == 1:
+            mask = None  # one causal row sees every slot from `first` on (its window starts there)
         else:
-            visible = visible[:, first:]
+            if visible is None:
+                visible = (
+                    torch.arange(end, device=x.device)[None, :]
+                    <= torch.arange(start, end, device=x.device)[:, None]
+                )
+            mask = visible[:, first:]
+            if w.window is not None and end > w.window:
+                seen = torch.arange(first, end, device=x.device)
+                mask = mask & (seen[None, :] > pos[:, None] - w.window)
         attn = (
             F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None],
                 self.keys[None, :, first:end],
                 self.values[None, :, first:end],
-                attn_mask=visible,
+                attn_mask=mask,
                 enable_gqa=s.group > 1,
             )[0]
             .transpose(0, 1)
             .reshape(n, q_size)
         )
         x = x + lin.out(attn)
-        h = rms_norm(x, layer.post_norm, s.rms_eps)
-        gate, up = lin.gate_up(h).chunk(2, dim=-1)
+        up = lin.gate_up(norm(x, layer.post_norm))
+        if self.packed:
+            up = row_invariant.silu_mul(up)
+        else:
+            gate, up = up.chunk(2, dim=-1)
+            up = F.silu(gate) * up
         self.length = end
-        return x + lin.down(F.silu(gate) * up)
+        return x + lin.down(up)
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """float32 logits over the head's subset [n, subset] for predicted features [n, hidden]."""
-        return self.linears.head(rms_norm(predicted, self.w.final_norm, self.w.shape.rms_eps)).float()
+        return self.linears.head(self.norm(predicted, self.w.final_norm)).float()
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMS norm of x's rows [..., hidden] (on the kernel, one call, where the Linears are packed)."""
+        if not self.packed:
+            return rms_norm(x, weight, self.w.shape.rms_eps)
+        return row_invariant.rms_norm(x.reshape(-1, x.shape[-1]), weight, self.w.shape.rms_eps).view(x.shape)
 
 
-def normed_features(features: torch.Tensor, w: EagleWeights) -> torch.Tensor:
-    """features [n, feature_width] or [n, hidden] (a guess: the rest zero), each block RMS-normalised."""
+def normed_features(
+    features: torch.Tensor,
+    w: EagleWeights,
+    norm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """features [n, feature_width] or [n, hidden] (a guess: the rest zero), each block RMS-normalised
+    (by `norm`, default torch's)."""
     n, hidden = features.shape[0], w.shape.hidden
     blocks = features.shape[1] // hidden
     norms = w.feature_norm.view(-1, hidden)
-    normed = rms_norm(features.view(n, blocks, hidden), norms[:blocks], w.shape.rms_eps).view(n, -1)
+    if norm is None:
+        normed = rms_norm(features.view(n, blocks, hidden), norms[:blocks], w.shape.rms_eps).view(n, -1)
+    else:  # unit weights, then each block's own: one norm call for every block
+        ones = torch.ones(hidden, dtype=features.dtype, device=features.device)
+        normed = (
+            norm(features.reshape(n * blocks, hidden), ones).view(n, blocks, hidden) * norms[:blocks]
+        ).view(n, -1)
     if blocks == len(norms):
         return normed
     return torch.cat([normed, normed.new_zeros(n, (len(norms) - blocks) * hidden)], -1)
