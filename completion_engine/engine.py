@@ -258,7 +258,9 @@ class CompletionEngine:
                     stats.stop_reason = "cancelled"
                     break
                 k = min(self.config.max_draft, budget - len(progress.tokens) - 1)
+                drafting = time.perf_counter()
                 draft = drafter.propose(context + progress.tokens, k, sampler) if drafter and k > 0 else None
+                stats.draft_s += time.perf_counter() - drafting
                 if draft is not None:
                     draft = self.budget.trim(draft)  # the size that pays at this machine's verify cost
                 drafted = draft.tokens if draft else []

@@ -80,6 +80,7 @@ class Stats:
     prefill_s: float = 0.0
     ttft_s: float = 0.0  # time to the first streamed text
     wall_s: float = 0.0
+    draft_s: float = 0.0  # of the decode, the time the drafters took to propose
     by_source: dict[str, SourceStats] = field(default_factory=dict)
     accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted draft length -> verify steps
     stop_reason: str = ""  # "length" | "eos" | "stop" | "syntax" | "cancelled"
@@ -122,6 +123,7 @@ class Stats:
             "prefill_s": round(self.prefill_s, 4),
             "ttft_s": round(self.ttft_s, 4),
             "wall_s": round(self.wall_s, 4),
+            "draft_s": round(self.draft_s, 4),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
             "mean_accepted_len": round(self.mean_accepted_len, 3),
             "stop_reason": self.stop_reason,

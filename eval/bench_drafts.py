@@ -7,7 +7,9 @@ run compare. Here one engine per draft loads the embedded target, and each runs 
 cases through the same CaseRunner as `bench` (open documents, repeats, the comparison with `none`):
 `none`, `ngram`, the draft alone (`model`) and `hybrid`, the engines taking turns case by case.
 Per engine and method: decode tok/s (each case's fastest repeat), speedup over that engine's `none`,
-tokens per verify step, the drafts' acceptance, and how many outputs equal `none`'s.
+tokens per verify step, the drafts' acceptance, the time spent drafting (a verify step's, and a drafted
+token's, also as a share of a plain decode step: what the budget prices a model's token at), and how
+many outputs equal `none`'s.
 """
 
 from __future__ import annotations
@@ -25,20 +27,27 @@ METHODS = ("none", "ngram", "model", "hybrid")
 def summary_rows(name: str, rows: list[dict]) -> list[str]:
     """Markdown table rows of one engine's case rows (CaseRunner.run's)."""
     lines = []
-    base = None
+    base = plain_step = None
     for method in METHODS:
         runs = [row["methods"][method] for row in rows]
-        speed = sum(run["tokens"] for run in runs) / max(sum(run["decode_s"] for run in runs), 1e-9)
+        decode_s = max(sum(run["decode_s"] for run in runs), 1e-9)
+        speed = sum(run["tokens"] for run in runs) / decode_s
         base = base or speed
         stats = [run["stats"] for run in runs]
         steps = sum(sum(s["accepted_hist"].values()) for s in stats)
+        plain_step = plain_step or decode_s / max(steps, 1)  # none's: one 1-row forward a step
         drafted, accepted = sum(s["drafted"] for s in stats), sum(s["accepted"] for s in stats)
         per_step = (accepted + steps) / steps if steps else 1.0
         share = f"{accepted}/{drafted} ({accepted / drafted:.0%})" if drafted else "–"
+        draft_s = sum(s.get("draft_s", 0.0) for s in stats)
+        drafting = f"{draft_s / steps * 1e3:.2f}" if steps else "–"
+        if drafted:  # what a drafted token cost in the loop, against a plain decode step
+            per_token = draft_s / drafted
+            drafting += f" / {per_token * 1e3:.2f} ({per_token / plain_step:.2f})"
         same = sum(run["identical"] for run in runs)
         lines.append(
             f"| {name} | {method} | {speed:.1f} | {speed / base:.2f}x | {per_step:.2f} | {share} "
-            f"| {same}/{len(runs)} |"
+            f"| {drafting} | {same}/{len(runs)} |"
         )
     return lines
 
@@ -92,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             rows[draft].append(runners[draft].run(case))
     print(f"{len(cases)} points in {args.package}, {args.max_new_tokens} new tokens, best of {args.repeats}")
     columns = ("draft", "method", "decode tok/s", "speedup vs none", "tokens per verify step")
-    print("\n| " + " | ".join((*columns, "drafts accepted", "same as none")) + " |")
-    print("|---" * (len(columns) + 2) + "|")
+    columns = (*columns, "drafts accepted", "drafting ms a step / a token (of a plain step)", "same as none")
+    print("\n| " + " | ".join(columns) + " |")
+    print("|---" * len(columns) + "|")
     for draft, draft_rows in rows.items():
         print("\n".join(summary_rows(draft, draft_rows)))
     lossless = all(row["lossless"]["identical"] for draft_rows in rows.values() for row in draft_rows)

@@ -33,8 +33,10 @@ def test_json_output_has_text_and_stats(capsys):
         "prefill_s",
         "ttft_s",
         "wall_s",
+        "draft_s",
     ):
         assert field in out
+    assert 0 <= out["draft_s"] <= out["wall_s"] - out["prefill_s"] + 1e-3  # (each rounded to 0.1 ms)
     assert isinstance(out["text"], str) and 0 < out["tokens"] <= 12
     assert "ngram" in out["by_source"] or out["drafted"] == 0
 
