@@ -100,6 +100,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "kernels" / "row_invariant_linear.cpp"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+BUILD_WAIT_S = 600.0  # another process's first build takes 30-60 s; ten minutes means it is stuck
 
 _lock = threading.Lock()
 _built: dict[str, ModuleType | None] = {}
@@ -135,12 +136,13 @@ def kernel() -> ModuleType | None:
 
 
 def build_directory() -> Path:
-    """Where the compiled extension is cached: one folder per torch version, in the embedded model's cache."""
+    """Where the compiled extension is cached: one folder per torch version, in the embedded model's cache.
+
+    Builds here take `build_lock`; the name is new with it, so that no older copy of this module,
+    which took no such lock, ever builds in the same folder.
+    """
     version = torch.__version__.replace("+", "_")
-    return cache_root() / "kernels" / f"torch-{version}"
-
-
-BUILD_WAIT_S = 600.0  # another process's first build takes 30-60 s; ten minutes means it is stuck
+    return cache_root() / "kernels" / f"torch-{version}-locked"
 
 
 @contextmanager
@@ -150,26 +152,29 @@ def build_lock(directory: Path, wait_s: float = BUILD_WAIT_S) -> Iterator[bool]:
     Yields False (holding nothing) if another process held it for wait_s. Why: torch's loader marks a
     build with a file named `lock` and removes it when done, so a process stopped mid-build (Ctrl-C, a
     killed job) leaves it behind and every later load waits on it forever. The OS releases an flock
-    when its holder dies, and every process of ours takes this one before torch's, so a `lock` found
-    under it belongs to no live process: it is removed.
+    when its holder dies, and every build in this folder takes this one before torch's, so a `lock`
+    found under it was left by a process that is gone: it is removed. (A compiler that outlived its
+    killed Python process may still be writing; the next load's build then redoes its output.)
     """
     import fcntl  # POSIX only, as is the kernel (x86-64 Linux)
 
     with open(directory / "build.flock", "a") as handle:
         deadline = time.monotonic() + wait_s
-        waiting = False
-        while True:
+        held = waiting = False
+        while not held:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                held = True
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    yield False
-                    return
+                    break
                 if not waiting:
                     logger.info("row-invariant float32 kernel: waiting for another process's build")
                     waiting = True
                 time.sleep(0.1)
+        if not held:
+            yield False
+            return
         try:
             stale = directory / "lock"
             if stale.exists():
@@ -184,35 +189,46 @@ def _build() -> ModuleType | None:
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
         logger.info("row-invariant float32 kernel: this CPU lacks AVX2/FMA; using torch's kernels")
         return None
+    try:
+        directory = build_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        with build_lock(directory, BUILD_WAIT_S) as held:
+            return _load(directory) if held else _gave_up(directory)
+    except OSError as error:  # a read-only cache, say
+        logger.warning(
+            "row-invariant float32 kernel: cannot build in its cache (%s); using torch's kernels", error
+        )
+        return None
+
+
+def _gave_up(directory: Path) -> None:
+    logger.warning(
+        "row-invariant float32 kernel: another process held %s for %.0f s; using torch's kernels",
+        directory / "build.flock",
+        BUILD_WAIT_S,
+    )
+
+
+def _load(directory: Path) -> ModuleType | None:
     from torch.utils.cpp_extension import load
 
-    directory = build_directory()
-    directory.mkdir(parents=True, exist_ok=True)
     logger.info("row-invariant float32 kernel: loading from %s (the first build takes about 30 s)", directory)
-    with build_lock(directory) as held:
-        if not held:
-            logger.warning(
-                "row-invariant float32 kernel: another process held %s for %.0f s; using torch's kernels",
-                directory / "build.flock",
-                BUILD_WAIT_S,
-            )
-            return None
-        try:
-            module = load(
-                name="spec_complete_row_invariant_linear",
-                sources=[str(SOURCE)],
-                extra_cflags=FLAGS,
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(directory),
-                verbose=False,
-            )
-        except Exception as error:  # a missing compiler or headers: run on torch's kernels instead
-            logger.warning(
-                "row-invariant float32 kernel could not be built (%s); using torch's kernels, "
-                "which are slower for exact decoding on this CPU",
-                str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__,
-            )
-            return None
+    try:
+        module = load(
+            name="spec_complete_row_invariant_linear",
+            sources=[str(SOURCE)],
+            extra_cflags=FLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            verbose=False,
+        )
+    except Exception as error:  # a missing compiler or headers: run on torch's kernels instead
+        logger.warning(
+            "row-invariant float32 kernel could not be built (%s); using torch's kernels, "
+            "which are slower for exact decoding on this CPU",
+            str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__,
+        )
+        return None
     if os.environ.get("SPEC_COMPLETE_ROW_KERNEL") == "avx2":
         module.set_wide_tiles(False)  # 256-bit verify blocks on an AVX-512 CPU: the same bits, to compare
     return module

@@ -7,9 +7,9 @@ run compare. Here one engine per draft loads the embedded target, and each runs 
 cases through the same CaseRunner as `bench` (open documents, repeats, the comparison with `none`):
 `none`, `ngram`, the draft alone (`model`) and `hybrid`, the engines taking turns case by case.
 Per engine and method: decode tok/s (each case's fastest repeat), speedup over that engine's `none`,
-tokens per verify step, the drafts' acceptance, the time spent drafting (a verify step's, and a drafted
-token's, also as a share of a plain decode step: what the budget prices a model's token at), and how
-many outputs equal `none`'s.
+tokens per verify step, the drafts' acceptance, the time spent drafting in the loop (a verify step's,
+and a drafted token's, also as a share of a plain decode step; a head's catch-up with a new context
+counts too, where the fastest repeat had one), and how many outputs equal `none`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ METHODS = ("none", "ngram", "model", "hybrid")
 def summary_rows(name: str, rows: list[dict]) -> list[str]:
     """Markdown table rows of one engine's case rows (CaseRunner.run's)."""
     lines = []
-    base = plain_step = None
+    base = None
+    plain_step: float | None = None
     for method in METHODS:
         runs = [row["methods"][method] for row in rows]
         decode_s = max(sum(run["decode_s"] for run in runs), 1e-9)
@@ -35,13 +36,14 @@ def summary_rows(name: str, rows: list[dict]) -> list[str]:
         base = base or speed
         stats = [run["stats"] for run in runs]
         steps = sum(sum(s["accepted_hist"].values()) for s in stats)
-        plain_step = plain_step or decode_s / max(steps, 1)  # none's: one 1-row forward a step
+        if method == "none":
+            plain_step = decode_s / steps if steps else None  # one 1-row forward a step
         drafted, accepted = sum(s["drafted"] for s in stats), sum(s["accepted"] for s in stats)
         per_step = (accepted + steps) / steps if steps else 1.0
         share = f"{accepted}/{drafted} ({accepted / drafted:.0%})" if drafted else "–"
         draft_s = sum(s.get("draft_s", 0.0) for s in stats)
         drafting = f"{draft_s / steps * 1e3:.2f}" if steps else "–"
-        if drafted:  # what a drafted token cost in the loop, against a plain decode step
+        if drafted and plain_step:  # what a drafted token cost in the loop, against a plain decode step
             per_token = draft_s / drafted
             drafting += f" / {per_token * 1e3:.2f} ({per_token / plain_step:.2f})"
         same = sum(run["identical"] for run in runs)

@@ -41,6 +41,7 @@ EXCLUDED_PACKAGES = {
     "site-packages",
 }
 HELD_OUT_PACKAGE = "http"
+EAGLE_LR = 2e-3  # the EAGLE head's peak learning rate (train_eagle.EagleSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +272,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "held-out set stays the standard library's http",
     )
     parser.add_argument(
-        "--lr", type=float, default=None, help="peak learning rate (default: distilled 1e-3, eagle 2e-3)"
+        "--lr",
+        type=float,
+        default=None,
+        help=f"peak learning rate (default: distilled {defaults.lr:g}, eagle {EAGLE_LR:g})",
     )
     parser.add_argument(
         "--skip-tokens",
@@ -295,17 +299,24 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def training_files(args: argparse.Namespace) -> list[Path]:
-    """The .py files to train on: those under --train-root, else the stdlib's but the excluded packages."""
+    """The .py files to train on: every one under the --train-root folders (once each, never one of
+    the standard library's excluded packages: the evaluation's and the held-out one), else the
+    standard library's outside those packages."""
+    stdlib = Path(args.stdlib)
     if not args.train_root:
-        return python_files(Path(args.stdlib), include=True)
-    files: list[Path] = []
+        return python_files(stdlib, include=True)
+    excluded = [(stdlib / name).resolve() for name in EXCLUDED_PACKAGES]
+    files: dict[Path, None] = {}
     for root in map(Path, args.train_root):
         if not root.is_dir():
             raise SystemExit(f"--train-root {root} is not a folder")
-        files.extend(python_files(root, include=True))
+        for path in sorted(root.rglob("*.py")):
+            resolved = path.resolve()
+            if not any(resolved.is_relative_to(folder) for folder in excluded):
+                files.setdefault(resolved)
     if not files:
-        raise SystemExit(f"no Python files under --train-root {' '.join(args.train_root)}")
-    return files
+        raise SystemExit(f"no Python files to train on under --train-root {' '.join(args.train_root)}")
+    return list(files)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -331,7 +342,7 @@ def run_train_distilled(args: argparse.Namespace) -> int:
         seq_len=args.seq_len or TrainSettings.seq_len,
         subset_size=args.subset_size,
         seed=args.seed,
-        lr=args.lr or TrainSettings().lr,
+        lr=TrainSettings().lr if args.lr is None else args.lr,
     )
     torch.manual_seed(settings.seed)
     # the target in the dtype it serves in here (models.resolve_dtype)

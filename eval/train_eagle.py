@@ -39,6 +39,7 @@ from completion_engine.models import dtype_name
 from completion_engine.row_invariant import cpu_multiplies_bf16
 from completion_engine.runner import DecoderRunner, DecoderWeights, feature_layers_fit, rms_norm
 from eval.train_draft import (
+    EAGLE_LR,
     HELD_OUT_PACKAGE,
     LAYER_FIELDS,
     causal_layer,
@@ -62,7 +63,7 @@ class EagleSettings:
     batch: int = 8
     epochs_max: int = 40
     minutes: float = 40.0  # training time budget (after the target pass)
-    lr: float = 2e-3
+    lr: float = EAGLE_LR
     warmup: int = 50
     subset_size: int = 8192
     feature_weight: float = 1.0  # the smooth-L1 feature loss beside the cross-entropy
@@ -390,7 +391,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
         minutes=args.minutes,
         subset_size=args.subset_size,
         seed=args.seed,
-        lr=args.lr or EagleSettings().lr,
+        lr=EagleSettings().lr if args.lr is None else args.lr,
     )
     torch.manual_seed(settings.seed)
     # the target in the dtype it serves in here (models.resolve_dtype): its features as drafting sees them

@@ -133,12 +133,13 @@ class EagleHead:
     """
 
     def __init__(self, weights: EagleWeights, capacity: int, packed: bool | None = None) -> None:
-        """packed: the Linears on the row-invariant kernel (None: wherever that kernel is usable)."""
+        """packed: the Linears, norms, rotary and silu on the row-invariant kernel (None: wherever that
+        kernel is usable)."""
         self.w = weights
         if packed is None:
             packed = row_invariant.usable(weights.embed.dtype, weights.embed.device)
         self.linears = HeadLinears.of(weights, packed)
-        self.packed = packed  # and the small steps (norms, rotary, silu) on the kernel too
+        self.packed = packed
         s = weights.shape
         self.capacity = round_up(capacity, 128)
         device, dtype = weights.embed.device, weights.embed.dtype
@@ -188,7 +189,7 @@ class EagleHead:
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         qkv = lin.qkv(norm(x, layer.input_norm))
         v = qkv[:, q_size + kv_size :].view(n, s.n_kv_heads, s.head_dim)
-        if self.packed:  # one kernel call, the values of the torch ops below
+        if self.packed:  # one kernel call, the maths of the torch ops below (the last bits may differ)
             q, k = row_invariant.rotary(qkv, s.n_heads, s.n_kv_heads, self.cos[pos], self.sin[pos])
         else:
             q, k, _ = qkv.split((q_size, kv_size, kv_size), dim=-1)

@@ -509,25 +509,31 @@ def test_training_text_comes_from_the_train_roots_or_else_the_stdlib_without_the
     for path in ("os.py", "email/parser.py", "http/client.py", "json/decoder.py", "asyncio/tasks.py"):
         (stdlib / path).parent.mkdir(parents=True, exist_ok=True)
         (stdlib / path).write_text("x = 1\n")
-    (other / "pkg").mkdir(parents=True)
-    (other / "pkg" / "mod.py").write_text("y = 2\n")
+    for path in ("pkg/mod.py", "test/test_mod.py"):
+        (other / path).parent.mkdir(parents=True, exist_ok=True)
+        (other / path).write_text("y = 2\n")
     (other / "README").write_text("not code\n")
+    (other / "empty").mkdir()
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
 
     def names(*argv: str) -> list[str]:
-        return [
-            str(p.relative_to(tmp_path))
-            for p in training_files(parser.parse_args(["--stdlib", str(stdlib), *argv]))
-        ]
+        args = parser.parse_args(["--stdlib", str(stdlib), *argv])
+        return [str(p.relative_to(tmp_path)) for p in training_files(args)]
 
     assert names() == [
         "lib/asyncio/tasks.py",
         "lib/os.py",
     ]  # the evaluation's and held-out packages are not read
-    assert names("--train-root", str(other)) == ["other/pkg/mod.py"]
+    # another tree is read whole (its own test/ too), each file once however the roots overlap
+    assert names("--train-root", str(other), "--train-root", str(other / "pkg")) == [
+        "other/pkg/mod.py",
+        "other/test/test_mod.py",
+    ]
+    # a root above the standard library still never trains on the held-out package
+    assert "lib/http/client.py" not in names("--train-root", str(tmp_path))
+    assert "lib/os.py" in names("--train-root", str(tmp_path))
     with pytest.raises(SystemExit, match="is not a folder"):
         names("--train-root", str(tmp_path / "missing"))
-    (other / "empty").mkdir()
     with pytest.raises(SystemExit, match="no Python files"):
         names("--train-root", str(other / "empty"))

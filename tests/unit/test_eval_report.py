@@ -173,10 +173,10 @@ def test_bench_drafts_rows_price_drafting_against_a_plain_step():
     methods = {
         "none": run(40, 0.8, 40, 0, 0, 0.0),  # a plain step: 20 ms
         "ngram": run(40, 0.6, 25, 30, 15, 0.005),
-        "model": run(40, 0.5, 20, 40, 20, 0.1),  # 5 ms a step, 2.5 ms a drafted token: 0.125 of a step
+        "model": run(40, 0.5, 20, 40, 20, 0.12),  # 6 ms a step, 3 ms a drafted token: 0.15 of a step
         "hybrid": run(40, 0.5, 20, 40, 20, 0.08),
     }
     none, ngram, model, hybrid = summary_rows("head", [{"methods": methods}])
     assert none == "| head | none | 50.0 | 1.00x | 1.00 | – | 0.00 | 1/1 |"
-    assert model == "| head | model | 80.0 | 1.60x | 2.00 | 20/40 (50%) | 5.00 / 2.50 (0.12) | 1/1 |"
+    assert model == "| head | model | 80.0 | 1.60x | 2.00 | 20/40 (50%) | 6.00 / 3.00 (0.15) | 1/1 |"
     assert "| 0.20 / 0.17 (0.01) |" in ngram and "| 4.00 / 2.00 (0.10) |" in hybrid
