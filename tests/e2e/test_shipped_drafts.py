@@ -59,3 +59,16 @@ def test_model_and_hybrid_drafts_equal_plain_decoding_on_the_embedded_model(name
             model = generation.stats.by_source.get("model")
             accepted += model.accepted if model else 0
     assert accepted > 0, f"{name} should be right some of the time"
+
+
+def test_the_embedded_target_drafts_with_its_eagle_head_by_default(monkeypatch, tmp_path):
+    from completion_engine import defaults
+    from completion_engine.config import DEFAULT_TARGET
+
+    if not (EAGLE_DIR / EAGLE_WEIGHTS).exists():
+        pytest.skip("the EAGLE head is not shipped")
+    assert defaults.default_draft_model(DEFAULT_TARGET) == EAGLE_NAME
+    assert defaults.default_draft_model("some/other-model") is None
+    monkeypatch.setattr(defaults, "EAGLE_DIR", tmp_path)  # a package without the head: the distilled draft
+    expected = DISTILLED_NAME if (DISTILLED_DIR / DISTILLED_WEIGHTS).exists() else None
+    assert defaults.default_draft_model(DEFAULT_TARGET) == expected
