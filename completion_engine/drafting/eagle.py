@@ -183,7 +183,8 @@ class EagleHead:
             raise ValueError(f"draft head cache full: {start + n} slots, capacity {self.capacity}")
         ids = torch.tensor(tokens, dtype=torch.long, device=features.device)
         lin, norm = self.linears, self.norm
-        x = lin.fc(torch.cat([F.embedding(ids, w.embed), normed_features(features, w, norm)], -1))
+        features = normed_features(features, w, norm if self.packed else None)  # torch's: as before
+        x = lin.fc(torch.cat([F.embedding(ids, w.embed), features], -1))
         pos = torch.tensor(positions, dtype=torch.long, device=features.device)
         layer = w.layer
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
