@@ -58,6 +58,24 @@ SPEC_COMPLETE_ROW_KERNEL=avx2 and without, alternating, two rounds): a verify bl
 (128 rows) keep the 3-row tiles: compute-bound there, 512-bit tiles ran no faster (128 rows: 357.9
 against 356.0 ms on one thread, 179.9 against 182.0 on two).
 
+Where the CPU has AVX512-BF16 (AMD Zen 4, Intel Cooper Lake and later), Linears over bf16 panels
+run in the bf16 dot mode: each input row is rounded to bf16 (to nearest even, as torch's
+`.to(torch.bfloat16)`) and an output is one fixed chain of `vdpbf16ps` steps over pairs of k, from
+zero: acc + x[k] w[k] + x[k + 1] w[k + 1] in the instruction's own rounding. A row's chain never
+depends on the rows beside it, so every invariance above holds (tested as for the float32 chains);
+what changes is the model's numbers: the inputs of its Linears are rounded to bf16, as in a bf16
+forward (torch's, HF's), while the residual stream, norms, attention and the KV cache stay float32.
+Twice the multiply-adds an instruction and no widening: measured in one process, interleaved, the
+30 layers' Linears and the LM head of SmolLM2-135M with random bf16 weights, one thread, beside a
+training run (best of 5, ms; `/tmp` script):
+
+    rows              1     2     4     8    16   128
+    float32 inputs  18.7  13.5  19.6  28.1  63.4  525
+    bf16 dot        15.5  11.3  12.0  16.8  38.4  315
+
+SPEC_COMPLETE_ROW_KERNEL=float32 keeps float32 inputs (the bits of earlier releases, and of CPUs
+without AVX512-BF16); `bf16_dot_mode` switches it for a block (tests, `eval.bench_forward`).
+
 Attention (`attention`) runs on the same micro-kernel over the KV cache's panel layout: scores are
 fixed chains over head_dim, the softmax is the kernel's own, outputs are fixed chains over the keys;
 fused in one call per layer, a 2,136-token prefill's attention took 1.42 s against 2.06 s for
@@ -76,7 +94,8 @@ headers; about 30 s, once, cached in $SPEC_COMPLETE_CACHE/kernels, by default ~/
 a build stopped midway is redone by the next load: `build_lock`). Where it cannot be built, the CPU
 lacks AVX2 and FMA, the dtype is not float32 or the device not a CPU, the runner keeps
 torch's kernels and its probed row buckets. SPEC_COMPLETE_ROW_KERNEL=0 turns it off; =avx2 keeps
-verify blocks on 256-bit tiles where the CPU has AVX-512 (the same bits, slower: to compare).
+verify blocks on 256-bit tiles where the CPU has AVX-512 (the same bits, slower: to compare) and
+float32 inputs; =float32 keeps float32 inputs only.
 """
 
 from __future__ import annotations
@@ -229,9 +248,34 @@ def _load(directory: Path) -> ModuleType | None:
             str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__,
         )
         return None
-    if os.environ.get("SPEC_COMPLETE_ROW_KERNEL") == "avx2":
+    mode = os.environ.get("SPEC_COMPLETE_ROW_KERNEL")
+    if mode == "avx2":
         module.set_wide_tiles(False)  # 256-bit verify blocks on an AVX-512 CPU: the same bits, to compare
+    module.set_bf16_dot(mode not in ("avx2", "float32") and cpu_multiplies_bf16())
     return module
+
+
+def bf16_dot() -> bool:
+    """Whether Linears over bf16 panels take bf16 inputs and pair dot products (AVX512-BF16; see above)."""
+    module = kernel()
+    return module is not None and module.bf16_dot()
+
+
+@contextmanager
+def bf16_dot_mode(on: bool) -> Iterator[bool]:
+    """Run a block with the bf16 dot mode on or off (where the CPU has it); yields whether it is on.
+
+    Caches computed in the other mode hold other bits: a block builds its own runners.
+    """
+    module = kernel()
+    if module is None:
+        yield False
+        return
+    before = module.set_bf16_dot(on)
+    try:
+        yield module.bf16_dot()
+    finally:
+        module.set_bf16_dot(before)
 
 
 def usable(dtype: torch.dtype, device: torch.device) -> bool:

@@ -8,14 +8,18 @@ On a context of real Python (tokens of the standard library, the embedded model)
   row-invariant kernel, else a probed bucket of up to 16 rows) against HF's 1-row step with its KV
   cache;
 - a verify block of 11 tokens (1 pending + 10 drafted): ours, one forward (11 rows on the kernel);
+- a verify block of 4 tokens (the size the draft budget picks most often for the EAGLE head);
 - the same 11 tokens as a token tree of 1, 2, 3 and 5 root-to-leaf chains (runner.verify_tree):
   what each extra branch of a tree costs.
+Where the CPU has AVX512-BF16, ours runs in both of the row-invariant kernel's modes, each with its
+own runner and cache: float32 inputs and the bf16 dot mode (row_invariant.py).
 Methods alternate within each repeat; the best and the median of the repeats are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import statistics
 import sys
@@ -63,33 +67,68 @@ def main(argv: list[str] | None = None) -> int:
     hf.eval()
     ids = python_tokens(model.tokenizer, args.context)
     context, n = ids[: args.context], args.context
-    runner = DecoderRunner(model.weights, exact=True, capacity=n + 64)
+    from completion_engine import row_invariant
+
+    modes: dict[str, bool | None] = {"": None}  # name suffix -> bf16 dot mode (None: the process's own)
+    if row_invariant.usable(dtype, torch.device("cpu")) and "avx512_bf16" in row_invariant.cpu_flags():
+        modes = {" (float32 in)": False, " (bf16 dot)": True}
+
+    def in_mode(dot: bool | None):
+        return row_invariant.bf16_dot_mode(dot) if dot is not None else contextlib.nullcontext()
+
+    runners = {}
+    for suffix, dot in modes.items():
+        with in_mode(dot):
+            runners[suffix] = DecoderRunner(model.weights, exact=True, capacity=n + 64)
     times: dict[str, list[float]] = {}
 
-    def timed(name: str, fn) -> None:
-        started = time.perf_counter()
-        fn()
-        times.setdefault(name, []).append(time.perf_counter() - started)
+    def timed(name: str, fn, dot: bool | None = None) -> None:
+        with in_mode(dot):
+            started = time.perf_counter()
+            fn()
+            times.setdefault(name, []).append(time.perf_counter() - started)
 
     with torch.inference_mode():
         for _ in range(max(args.repeats // 5, 1)):  # prefills are slow: fewer repeats
-            timed("prefill: ours", lambda: (runner.truncate(0), runner.prefill(context)))
+            for suffix, runner in runners.items():
+                timed(
+                    "prefill: ours" + suffix,
+                    lambda r=runner: (r.truncate(0), r.prefill(context)),
+                    modes[suffix],
+                )
             timed("prefill: HF", lambda: hf(torch.tensor([context]), use_cache=True))
         cache = hf(torch.tensor([context]), use_cache=True).past_key_values
-        runner.truncate(0)
-        runner.prefill(context)
+        for suffix, runner in runners.items():
+            with in_mode(modes[suffix]):
+                runner.truncate(0)
+                runner.prefill(context)
         for _ in range(args.repeats):
-            timed("decode step: ours", lambda: (runner.extend([ids[n]], all_logits=True), runner.truncate(n)))
             timed(
                 "decode step: HF",
                 lambda: (hf(torch.tensor([[ids[n]]]), past_key_values=cache, use_cache=True), cache.crop(-1)),
             )
-            timed(
-                "verify 11: ours",
-                lambda: (runner.extend(ids[n : n + 11], all_logits=True), runner.truncate(n)),
-            )
-            for leaves, parents in TREES.items():
-                timed(f"tree 11, {leaves} leaves", lambda p=parents: runner.verify_tree(ids[n : n + 11], p))
+            for suffix, runner in runners.items():
+                dot = modes[suffix]
+                timed(
+                    "decode step: ours" + suffix,
+                    lambda r=runner: (r.extend([ids[n]], all_logits=True), r.truncate(n)),
+                    dot,
+                )
+                for rows in (4, 11):
+                    timed(
+                        f"verify {rows}: ours" + suffix,
+                        lambda r=runner, rows=rows: (
+                            r.extend(ids[n : n + rows], all_logits=True),
+                            r.truncate(n),
+                        ),
+                        dot,
+                    )
+                for leaves, parents in TREES.items():
+                    timed(
+                        f"tree 11, {leaves} leaves" + suffix,
+                        lambda r=runner, p=parents: r.verify_tree(ids[n : n + 11], p),
+                        dot,
+                    )
     print(f"context {n} tokens, {dtype}, {args.threads} thread(s), {torch.get_num_threads()} in torch")
     for name, samples in times.items():
         best, median = min(samples), statistics.median(samples)

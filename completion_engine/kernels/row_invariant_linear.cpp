@@ -16,6 +16,7 @@
 #include <atomic>
 #include <limits>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -305,6 +306,88 @@ inline void rows_block(const float* xp, int64_t m, int64_t k, const W* panel, in
   }
 }
 
+// Where the CPU has AVX512-BF16 and the mode is on (set_bf16_dot), a Linear over bf16 panels rounds
+// its input rows to bf16 (round to nearest even, as torch's .to(bfloat16)) and multiplies pairs of k
+// with vdpbf16ps: each output is then one fixed chain of dot-pair steps over k = 0, 2, 4, .. from zero,
+// acc = acc + x[k] w[k] + x[k + 1] w[k + 1] (the instruction's own rounding), whatever the rows beside
+// it: row-invariant as the fma chains are, but not their bits (the input is rounded). Twice the
+// multiply-adds an instruction, and no widening: for blocks of rows (verify, prefill), not for a
+// memory-bound step. Off by default: it changes the model's numbers (as a bf16 forward does).
+#define DOT_TILES __attribute__((target("avx512f,avx512bw,avx512bf16")))
+constexpr int64_t kDotRows = 12;
+std::atomic<bool> bf16_dot_on{false};
+
+// Two panel rows k, k + 1 (32 bf16 each) interleave into pairs: lo holds columns 8L + i, hi 8L + 4 + i
+// in its dword 4L + i (L the 128-bit lane, i < 4). kLoColumns / kHiColumns map dwords to columns.
+DOT_TILES inline __m512i dot_columns(bool hi) {
+  alignas(64) int32_t index[16];
+  for (int j = 0; j < 16; ++j) index[j] = 8 * (j / 4) + j % 4 + (hi ? 4 : 0);
+  return _mm512_load_si512(index);
+}
+
+// Continue rows [0, R) x one panel's 32 columns over k in [k0, k1) (both even); acc as in micro.
+template <int R>
+DOT_TILES __attribute__((always_inline)) inline void micro_dot(const uint16_t* x, int64_t ldx, const uint16_t* panel,
+                                                               int64_t k0, int64_t k1, float* acc, bool first) {
+  const __m512i lo_columns = dot_columns(false), hi_columns = dot_columns(true);
+  __m512 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) {
+    if (first) {
+      lo[r] = hi[r] = _mm512_setzero_ps();
+    } else {  // columns 0..31 of acc -> the interleaved order
+      const __m512 a = _mm512_loadu_ps(acc + r * kPanel), b = _mm512_loadu_ps(acc + r * kPanel + 16);
+      lo[r] = _mm512_permutex2var_ps(a, lo_columns, b);
+      hi[r] = _mm512_permutex2var_ps(a, hi_columns, b);
+    }
+  }
+  for (int64_t k = k0; k < k1; k += 2) {
+    const __m512i a = _mm512_loadu_si512(panel + k * kPanel), b = _mm512_loadu_si512(panel + (k + 1) * kPanel);
+    const __m512bh wl = (__m512bh)_mm512_unpacklo_epi16(a, b), wh = (__m512bh)_mm512_unpackhi_epi16(a, b);
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, x + r * ldx + k, sizeof pair);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      lo[r] = _mm512_dpbf16_ps(lo[r], xv, wl);
+      hi[r] = _mm512_dpbf16_ps(hi[r], xv, wh);
+    }
+  }
+  // back to columns 0..31: column c sits in lo (c % 8 < 4) or hi, dword 4 (c / 8) + c % 4
+  alignas(64) int32_t index[2][16];
+  for (int c = 0; c < 32; ++c) index[c / 16][c % 16] = (c % 8 < 4 ? 0 : 16) + 4 * (c / 8) + c % 4;
+  const __m512i first_half = _mm512_load_si512(index[0]), second_half = _mm512_load_si512(index[1]);
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(acc + r * kPanel, _mm512_permutex2var_ps(lo[r], first_half, hi[r]));
+    _mm512_storeu_ps(acc + r * kPanel + 16, _mm512_permutex2var_ps(lo[r], second_half, hi[r]));
+  }
+}
+
+// Rows [0, m) in tiles of at most kDotRows, as even as can be (the tiling never changes a row's chain).
+DOT_TILES void dot_tiles(const uint16_t* xb, int64_t m, int64_t k, const uint16_t* panel, int64_t k0, int64_t k1,
+                         float* acc) {
+  const int64_t tiles = (m + kDotRows - 1) / kDotRows;
+  const bool first = k0 == 0;
+  for (int64_t t = 0, row = 0; t < tiles; ++t) {
+    const int64_t size = (m - row) / (tiles - t) + ((m - row) % (tiles - t) != 0);
+    const uint16_t* xr = xb + row * k;
+    float* ar = acc + row * kPanel;
+    switch (size) {
+      case 1: micro_dot<1>(xr, k, panel, k0, k1, ar, first); break;
+      case 2: micro_dot<2>(xr, k, panel, k0, k1, ar, first); break;
+      case 3: micro_dot<3>(xr, k, panel, k0, k1, ar, first); break;
+      case 4: micro_dot<4>(xr, k, panel, k0, k1, ar, first); break;
+      case 5: micro_dot<5>(xr, k, panel, k0, k1, ar, first); break;
+      case 6: micro_dot<6>(xr, k, panel, k0, k1, ar, first); break;
+      case 7: micro_dot<7>(xr, k, panel, k0, k1, ar, first); break;
+      case 8: micro_dot<8>(xr, k, panel, k0, k1, ar, first); break;
+      case 9: micro_dot<9>(xr, k, panel, k0, k1, ar, first); break;
+      case 10: micro_dot<10>(xr, k, panel, k0, k1, ar, first); break;
+      case 11: micro_dot<11>(xr, k, panel, k0, k1, ar, first); break;
+      default: micro_dot<12>(xr, k, panel, k0, k1, ar, first); break;
+    }
+    row += size;
+  }
+}
+
 }  // namespace
 
 // x [M, K] float32; panels [>= ceil(n / 32), K, 32] as pack() or pack_bf16() makes them, rows of a panel
@@ -331,6 +414,10 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
   const uint16_t* hp = narrow ? reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>()) : nullptr;
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
+  // bf16 panels in the dot mode: pairs of k (kBlockK is even), the input rounded to bf16 once
+  const bool dot = narrow && k % 2 == 0 && bf16_dot_on.load(std::memory_order_relaxed);
+  const auto xb = dot ? x.to(torch::kBFloat16).contiguous() : torch::Tensor();
+  const uint16_t* xbp = dot ? reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()) : nullptr;
   // bf16 panels: widened as rows_block says
   parallel_items(count, m > kHalfRowsMost, [&](const auto& claim) {
     std::vector<float> acc(((m + kBlockRows - 1) / kBlockRows) * kBlockRows * kPanel);
@@ -340,7 +427,9 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
     for (int64_t p; (p = claim()) >= 0;) {
       for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {
         const int64_t k1 = std::min(k, k0 + kBlockK);
-        if (narrow)
+        if (dot)
+          dot_tiles(xbp, m, k, hp + p * stride, k0, k1, acc.data());
+        else if (narrow)
           rows_block(xp, m, k, hp + p * stride, k0, k1, acc.data(), wide);
         else
           rows_block(xp, m, k, wp + p * stride, k0, k1, acc.data(), nullptr);
@@ -854,10 +943,20 @@ bool set_wide_tiles(bool on) {
   return wide_tiles_on.exchange(on && __builtin_cpu_supports("avx512f"));
 }
 
+// Turns the bf16 dot mode on (where the CPU has AVX512-BF16) or off; -> whether it was on before.
+// Every cache computed in the other mode is then stale: the caller starts from an empty cache.
+bool set_bf16_dot(bool on) {
+  return bf16_dot_on.exchange(on && __builtin_cpu_supports("avx512bf16"));
+}
+
+bool bf16_dot() { return bf16_dot_on.load(); }
+
 // Both release the GIL while they compute, as torch's own ops do: the language server's event loop
 // and other Python threads keep running while the model worker multiplies.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("set_wide_tiles", &set_wide_tiles, "512-bit verify tiles on (where the CPU has AVX-512) or off");
+  module.def("set_bf16_dot", &set_bf16_dot, "bf16 inputs and vdpbf16ps for bf16 panels (AVX512-BF16) on or off");
+  module.def("bf16_dot", &bf16_dot, "whether the bf16 dot mode is on");
   module.def("pack", &pack, "weight [N, K] -> panels [ceil(N / 32), K, 32]",
              pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("pack_bf16", &pack_bf16, "weight [N, K] of bf16 values -> bfloat16 panels [ceil(N / 32), K, 32]",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 
+from completion_engine import row_invariant
 from completion_engine.config import EngineConfig
 from completion_engine.engine import CompletionEngine
 from completion_engine.models import LoadedModel
@@ -64,11 +66,21 @@ def plain(engine: CompletionEngine, prompt: list[int], max_new: int) -> list[int
     return engine.complete(Request(context=prompt, max_new_tokens=max_new, draft="none")).tokens
 
 
-@pytest.fixture(params=["bf16", "fp32"])
-def models(request) -> tuple[LoadedModel, LoadedModel]:
-    """(target, a near draft) in bf16 (torch's kernels) and in float32 (row_invariant's kernel on AVX2)."""
+@pytest.fixture(params=["bf16", "fp32", "bf16-dot"])
+def models(request) -> Iterator[tuple[LoadedModel, LoadedModel]]:
+    """(target, a near draft) in bf16 (torch's kernels), in float32 (row_invariant's kernel on AVX2),
+    and a bf16 checkpoint in float32 in the kernel's bf16 dot mode (bf16 inputs, AVX512-BF16)."""
+    if request.param == "bf16-dot":
+        with row_invariant.bf16_dot_mode(True) as on:
+            if not on:
+                pytest.skip("the CPU has no AVX512-BF16")
+            yield (
+                request.getfixturevalue("tiny_target_fp32_bf16_valued"),
+                request.getfixturevalue("tiny_near_draft_fp32"),
+            )
+        return
     suffix = "" if request.param == "bf16" else "_fp32"
-    return (
+    yield (
         request.getfixturevalue("tiny_target" + suffix),
         request.getfixturevalue("tiny_near_draft" + suffix),
     )

@@ -132,14 +132,67 @@ def test_bf16_valued_weights_pack_into_bf16_panels_with_the_bits_of_float32_ones
     x = torch.randn(40, 200, generator=generator)
     threads = torch.get_num_threads()
     try:
-        for count in (1, 2, 3):  # 3: uneven shares, more threads than cores
-            torch.set_num_threads(count)
-            # whole panels in registers up to 3 rows, half-panel tiles of 3-6 rows up to 16, widened
-            # blocks beyond; k = 200 spans two k blocks, so the chains park in acc between them
-            for rows in (*range(1, 18), 40):
-                assert torch.equal(narrow(x[:rows]), wide(x[:rows])), rows
+        with row_invariant.bf16_dot_mode(False):  # float32 inputs: the chains of float32 panels
+            for count in (1, 2, 3):  # 3: uneven shares, more threads than cores
+                torch.set_num_threads(count)
+                # whole panels in registers up to 3 rows, half-panel tiles of 3-6 rows up to 16, widened
+                # blocks beyond; k = 200 spans two k blocks, so the chains park in acc between them
+                for rows in (*range(1, 18), 40):
+                    assert torch.equal(narrow(x[:rows]), wide(x[:rows])), rows
     finally:
         torch.set_num_threads(threads)
+
+
+needs_bf16_dot = pytest.mark.skipif(
+    "avx512_bf16" not in row_invariant.cpu_flags(), reason="the CPU has no AVX512-BF16"
+)
+
+
+@needs_bf16_dot
+@pytest.mark.parametrize("out_features, in_features", [(100, 300), (576, 1536), (45, 64)])
+def test_the_bf16_dot_mode_multiplies_bf16_inputs_and_gives_a_row_the_same_bits_in_any_company(
+    out_features, in_features
+):
+    # k = 300: three k blocks (the chains park between them); 45 outputs: a part panel
+    generator = torch.Generator().manual_seed(in_features)
+    weight = torch.randn(out_features, in_features, generator=generator).bfloat16().float()
+    bias = torch.randn(out_features, generator=generator)
+    linear = row_invariant.pack(weight, bias)
+    assert linear.panels.dtype == torch.bfloat16
+    x = torch.randn(130, in_features, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        with row_invariant.bf16_dot_mode(True) as on:
+            assert on
+            reference = torch.cat([linear(row[None]) for row in x])  # one row per call
+            exact = x.bfloat16().double() @ weight.double().T + bias.double()  # the rounded inputs' product
+            assert torch.allclose(reference.double(), exact, atol=1e-4, rtol=1e-4)
+            assert not torch.equal(reference, F.linear(x, weight, bias))  # the inputs were rounded
+            for count in (1, 2, 3):  # 3: uneven shares, more threads than cores
+                torch.set_num_threads(count)
+                for rows in (2, 3, 4, 7, 11, 12, 13, 16, 25, 128, 130):
+                    for first in (0, 1, 2):
+                        block = x[first : first + rows]
+                        assert torch.equal(linear(block), reference[first : first + len(block)]), (
+                            rows,
+                            first,
+                        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_bf16_dot
+def test_the_bf16_dot_mode_leaves_float32_panels_and_odd_widths_to_the_float32_chains():
+    generator = torch.Generator().manual_seed(12)
+    wide = row_invariant.pack(torch.randn(40, 64, generator=generator))  # float32 values
+    odd = row_invariant.pack(torch.randn(40, 33, generator=generator).bfloat16().float())  # k not even
+    assert wide.panels.dtype == torch.float32 and odd.panels.dtype == torch.bfloat16
+    for linear, width in ((wide, 64), (odd, 33)):
+        x = torch.randn(9, width, generator=generator)
+        with row_invariant.bf16_dot_mode(False):
+            expected = linear(x)
+        with row_invariant.bf16_dot_mode(True):
+            assert torch.equal(linear(x), expected)
 
 
 def test_other_weights_keep_float32_panels_and_bf16_panels_refuse_them():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -29,12 +30,14 @@ def tokens(count: int, vocab: int, seed: int = 0) -> list[int]:
 
 
 # Each exactness test runs on every way the runner multiplies: torch's kernels in bf16 and in float32
-# (MKL on a CPU, with probed row buckets), and row_invariant's float32 kernel (no padding at all).
+# (MKL on a CPU, with probed row buckets), and row_invariant's float32 kernel (no padding at all), on
+# bf16 panels with float32 inputs and in the bf16 dot mode (bf16 inputs, AVX512-BF16).
 PRECISIONS = {
-    "bf16": ("tiny_target", {}),
-    "fp32-row-invariant": ("tiny_target_fp32", {"row_invariant_kernel": True}),
-    "fp32-row-invariant-bf16-panels": ("tiny_target_fp32_bf16_valued", {"row_invariant_kernel": True}),
-    "fp32-torch": ("tiny_target_fp32", {"row_invariant_kernel": False}),
+    "bf16": ("tiny_target", {}, None),
+    "fp32-row-invariant": ("tiny_target_fp32", {"row_invariant_kernel": True}, None),
+    "fp32-row-invariant-bf16-panels": ("tiny_target_fp32_bf16_valued", {"row_invariant_kernel": True}, False),
+    "fp32-row-invariant-bf16-dot": ("tiny_target_fp32_bf16_valued", {"row_invariant_kernel": True}, True),
+    "fp32-torch": ("tiny_target_fp32", {"row_invariant_kernel": False}, None),
 }
 
 
@@ -52,9 +55,21 @@ class RunnerFactory:
 
 
 @pytest.fixture(params=list(PRECISIONS))
-def make_runner(request) -> RunnerFactory:
-    fixture, options = PRECISIONS[request.param]
-    return RunnerFactory(request.getfixturevalue(fixture), options)
+def make_runner(request) -> Iterator[RunnerFactory]:
+    yield from runner_factory(request)
+
+
+def runner_factory(request) -> Iterator[RunnerFactory]:
+    """The factory for the precision named by request.param, in its bf16 dot mode while the test runs."""
+    fixture, options, dot = PRECISIONS[request.param]
+    factory = RunnerFactory(request.getfixturevalue(fixture), options)
+    if dot is None:
+        yield factory
+        return
+    with row_invariant.bf16_dot_mode(dot) as on:
+        if on != dot:
+            pytest.skip("the CPU has no AVX512-BF16")
+        yield factory
 
 
 @pytest.mark.parametrize("exact", [True, False])
@@ -196,13 +211,14 @@ def test_warm_prefill_gives_the_bits_of_a_cold_one(make_runner, edit):
     assert torch.equal(warm.extend(follow, all_logits=True), cold.extend(follow, all_logits=True))
 
 
-KERNEL_PRECISIONS = [name for name, (_, options) in PRECISIONS.items() if options.get("row_invariant_kernel")]
+KERNEL_PRECISIONS = [
+    name for name, (_, options, _) in PRECISIONS.items() if options.get("row_invariant_kernel")
+]
 
 
 @pytest.fixture(params=KERNEL_PRECISIONS)
-def make_kernel_runner(request) -> RunnerFactory:
-    fixture, options = PRECISIONS[request.param]
-    return RunnerFactory(request.getfixturevalue(fixture), options)
+def make_kernel_runner(request) -> Iterator[RunnerFactory]:
+    yield from runner_factory(request)
 
 
 def test_on_the_kernel_any_schedule_gives_the_bits_of_a_cold_prefill(make_kernel_runner):
