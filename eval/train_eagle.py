@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from completion_engine import row_invariant
 from completion_engine.defaults import EAGLE_CONFIG, EAGLE_WEIGHTS
 from completion_engine.drafting.eagle import EagleWeights
 from completion_engine.eagle import EAGLE_DIR, EagleConfig, eagle_weights, save_eagle
 from completion_engine.models import dtype_name
-from completion_engine.row_invariant import cpu_multiplies_bf16
 from completion_engine.runner import DecoderRunner, DecoderWeights, feature_layers_fit, rms_norm
 from eval.train_draft import (
     EAGLE_LR,
@@ -327,6 +327,8 @@ def cached_pass(target, windows: torch.Tensor, name: str, feature_layers: tuple[
     width = target.shape.hidden * (1 + len(feature_layers))
     if feature_layers:  # passes with other feature layers are other files
         name = f"{name}-layers{'_'.join(map(str, feature_layers))}"
+    if target.embed.dtype == torch.float32 and row_invariant.bf16_dot():  # other features: other files
+        name = f"{name}-bf16dot"
     done = TargetPass(
         windows[:0],
         torch.empty(0, length, width, dtype=target.embed.dtype),
@@ -396,7 +398,7 @@ def run_train_eagle(args: argparse.Namespace) -> int:
     torch.manual_seed(settings.seed)
     # the target in the dtype it serves in here (models.resolve_dtype): its features as drafting sees them
     target = load_model("smollm2-135m", device="cpu", dtype="auto", progress=True)
-    autocast = cpu_multiplies_bf16()  # the head trains in bf16 only where the CPU has bf16 units
+    autocast = row_invariant.cpu_multiplies_bf16()  # the head trains in bf16 where the CPU has bf16 units
     eos = next(iter(target.eos_token_ids))
     root = Path(args.stdlib)
     print(f"tokenising {' '.join(args.train_root or [str(root)])} ...", file=sys.stderr, flush=True)
