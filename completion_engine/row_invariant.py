@@ -58,10 +58,11 @@ SPEC_COMPLETE_ROW_KERNEL=avx2 and without, alternating, two rounds): a verify bl
 (128 rows) keep the 3-row tiles: compute-bound there, 512-bit tiles ran no faster (128 rows: 357.9
 against 356.0 ms on one thread, 179.9 against 182.0 on two).
 
-Where the CPU has AVX512-BF16 (AMD Zen 4, Intel Cooper Lake and later), Linears over bf16 panels
-run in the bf16 dot mode: each input row is rounded to bf16 (to nearest even, as torch's
-`.to(torch.bfloat16)`) and an output is one fixed chain of `vdpbf16ps` steps over pairs of k, from
-zero: acc + x[k] w[k] + x[k + 1] w[k + 1] in the instruction's own rounding. A row's chain never
+Where the CPU has AVX512-BF16 (AMD Zen 4 and later, Intel Xeon from Cooper Lake and Sapphire Rapids
+on), Linears over bf16 panels run in the bf16 dot mode: each input row is rounded to bf16 (to
+nearest even, as torch's `.to(torch.bfloat16)`) and an output is one fixed chain of `vdpbf16ps`
+steps over pairs of k, from zero, each adding x[k] w[k] and x[k + 1] w[k + 1] in the instruction's
+own order and rounding (denormals flushed). A row's chain never
 depends on the rows beside it, so every invariance above holds (tested as for the float32 chains);
 what changes is the model's numbers: the inputs of its Linears are rounded to bf16, as in a bf16
 forward (torch's, HF's), while the residual stream, norms, attention and the KV cache stay float32.
@@ -257,6 +258,8 @@ def _load(directory: Path) -> ModuleType | None:
 
 def bf16_dot() -> bool:
     """Whether Linears over bf16 panels take bf16 inputs and pair dot products (AVX512-BF16; see above)."""
+    if not enabled():
+        return False
     module = kernel()
     return module is not None and module.bf16_dot()
 

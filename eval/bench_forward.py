@@ -11,8 +11,9 @@ On a context of real Python (tokens of the standard library, the embedded model)
 - a verify block of 4 tokens (the size the draft budget picks most often for the EAGLE head);
 - the same 11 tokens as a token tree of 1, 2, 3 and 5 root-to-leaf chains (runner.verify_tree):
   what each extra branch of a tree costs.
-Where the CPU has AVX512-BF16, ours runs in both of the row-invariant kernel's modes, each with its
-own runner and cache: float32 inputs and the bf16 dot mode (row_invariant.py).
+Where the bf16 dot mode is on (row_invariant.py: a CPU with AVX512-BF16, by default), ours runs in both
+of the row-invariant kernel's modes, each with its own runner and cache: float32 inputs and bf16 dot;
+SPEC_COMPLETE_ROW_KERNEL=float32 or =avx2 keeps float32 inputs only.
 Methods alternate within each repeat; the best and the median of the repeats are printed.
 """
 
@@ -70,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     from completion_engine import row_invariant
 
     modes: dict[str, bool | None] = {"": None}  # name suffix -> bf16 dot mode (None: the process's own)
-    if row_invariant.usable(dtype, torch.device("cpu")) and "avx512_bf16" in row_invariant.cpu_flags():
-        modes = {" (float32 in)": False, " (bf16 dot)": True}
+    if row_invariant.usable(dtype, torch.device("cpu")) and row_invariant.bf16_dot():
+        modes = {" (float32 in)": False, " (bf16 dot)": True}  # SPEC_COMPLETE_ROW_KERNEL=float32: one
 
     def in_mode(dot: bool | None):
         return row_invariant.bf16_dot_mode(dot) if dot is not None else contextlib.nullcontext()

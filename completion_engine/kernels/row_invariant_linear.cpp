@@ -306,19 +306,20 @@ inline void rows_block(const float* xp, int64_t m, int64_t k, const W* panel, in
   }
 }
 
-// Where the CPU has AVX512-BF16 and the mode is on (set_bf16_dot), a Linear over bf16 panels rounds
-// its input rows to bf16 (round to nearest even, as torch's .to(bfloat16)) and multiplies pairs of k
-// with vdpbf16ps: each output is then one fixed chain of dot-pair steps over k = 0, 2, 4, .. from zero,
-// acc = acc + x[k] w[k] + x[k + 1] w[k + 1] (the instruction's own rounding), whatever the rows beside
-// it: row-invariant as the fma chains are, but not their bits (the input is rounded). Twice the
-// multiply-adds an instruction, and no widening: for blocks of rows (verify, prefill), not for a
-// memory-bound step. Off by default: it changes the model's numbers (as a bf16 forward does).
+// Where the CPU has AVX512-BF16 and the mode is on (set_bf16_dot; row_invariant.py turns it on there
+// by default), a Linear over bf16 panels rounds its input rows to bf16 (round to nearest even, as
+// torch's .to(bfloat16)) and multiplies pairs of k with vdpbf16ps: each output is then one fixed chain
+// of dot-pair steps over k = 0, 2, 4, .. from zero (each step adds x[k] w[k] and x[k + 1] w[k + 1] in
+// the instruction's own order and rounding, denormals flushed), for every row count, a 1-row step
+// included: row-invariant as the fma chains are, but not their bits (the input is rounded). Twice the
+// multiply-adds an instruction and no widening: blocks of rows (verify, prefill) gain; a step, which
+// streams the weights, runs at memory speed either way.
 #define DOT_TILES __attribute__((target("avx512f,avx512bw,avx512bf16")))
 constexpr int64_t kDotRows = 12;
 std::atomic<bool> bf16_dot_on{false};
 
 // Two panel rows k, k + 1 (32 bf16 each) interleave into pairs: lo holds columns 8L + i, hi 8L + 4 + i
-// in its dword 4L + i (L the 128-bit lane, i < 4). kLoColumns / kHiColumns map dwords to columns.
+// in its dword 4L + i (L the 128-bit lane, i < 4). dot_columns(hi) maps each dword to its column.
 DOT_TILES inline __m512i dot_columns(bool hi) {
   alignas(64) int32_t index[16];
   for (int j = 0; j < 16; ++j) index[j] = 8 * (j / 4) + j % 4 + (hi ? 4 : 0);
@@ -422,7 +423,7 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
   parallel_items(count, m > kHalfRowsMost, [&](const auto& claim) {
     std::vector<float> acc(((m + kBlockRows - 1) / kBlockRows) * kBlockRows * kPanel);
     // 64-byte aligned, as torch's tensors are: unaligned, half the 32-byte loads split a cache line
-    std::vector<float> wide_buffer(narrow && m > kHalfRowsMost ? k * kPanel + 16 : 0);
+    std::vector<float> wide_buffer(narrow && !dot && m > kHalfRowsMost ? k * kPanel + 16 : 0);
     float* wide = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(wide_buffer.data()) + 63) & ~uintptr_t{63});
     for (int64_t p; (p = claim()) >= 0;) {
       for (int64_t k0 = 0; k0 < k; k0 += kBlockK) {
@@ -946,7 +947,9 @@ bool set_wide_tiles(bool on) {
 // Turns the bf16 dot mode on (where the CPU has AVX512-BF16) or off; -> whether it was on before.
 // Every cache computed in the other mode is then stale: the caller starts from an empty cache.
 bool set_bf16_dot(bool on) {
-  return bf16_dot_on.exchange(on && __builtin_cpu_supports("avx512bf16"));
+  const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512bf16");
+  return bf16_dot_on.exchange(on && cpu);
 }
 
 bool bf16_dot() { return bf16_dot_on.load(); }
