@@ -265,14 +265,15 @@ def bf16_dot() -> bool:
 
 
 @contextmanager
-def bf16_dot_mode(on: bool) -> Iterator[bool]:
-    """Run a block with the bf16 dot mode on or off (where the CPU has it); yields whether it is on.
+def bf16_dot_mode(on: bool | None) -> Iterator[bool]:
+    """Run a block with the bf16 dot mode on or off (where the CPU has it; None: as it is); yields
+    whether it is on.
 
     Caches computed in the other mode hold other bits: a block builds its own runners.
     """
     module = kernel()
-    if module is None:
-        yield False
+    if module is None or on is None:
+        yield bf16_dot()
         return
     before = module.set_bf16_dot(on)
     try:

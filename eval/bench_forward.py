@@ -20,7 +20,6 @@ Methods alternate within each repeat; the best and the median of the repeats are
 from __future__ import annotations
 
 import argparse
-import contextlib
 import inspect
 import statistics
 import sys
@@ -74,17 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     if row_invariant.usable(dtype, torch.device("cpu")) and row_invariant.bf16_dot():
         modes = {" (float32 in)": False, " (bf16 dot)": True}  # SPEC_COMPLETE_ROW_KERNEL=float32: one
 
-    def in_mode(dot: bool | None):
-        return row_invariant.bf16_dot_mode(dot) if dot is not None else contextlib.nullcontext()
-
     runners = {}
     for suffix, dot in modes.items():
-        with in_mode(dot):
+        with row_invariant.bf16_dot_mode(dot):
             runners[suffix] = DecoderRunner(model.weights, exact=True, capacity=n + 64)
     times: dict[str, list[float]] = {}
 
     def timed(name: str, fn, dot: bool | None = None) -> None:
-        with in_mode(dot):
+        with row_invariant.bf16_dot_mode(dot):
             started = time.perf_counter()
             fn()
             times.setdefault(name, []).append(time.perf_counter() - started)
@@ -100,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             timed("prefill: HF", lambda: hf(torch.tensor([context]), use_cache=True))
         cache = hf(torch.tensor([context]), use_cache=True).past_key_values
         for suffix, runner in runners.items():
-            with in_mode(modes[suffix]):
+            with row_invariant.bf16_dot_mode(modes[suffix]):
                 runner.truncate(0)
                 runner.prefill(context)
         for _ in range(args.repeats):

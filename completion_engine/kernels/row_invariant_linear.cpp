@@ -319,18 +319,20 @@ constexpr int64_t kDotRows = 12;
 std::atomic<bool> bf16_dot_on{false};
 
 // Two panel rows k, k + 1 (32 bf16 each) interleave into pairs: lo holds columns 8L + i, hi 8L + 4 + i
-// in its dword 4L + i (L the 128-bit lane, i < 4). dot_columns(hi) maps each dword to its column.
-DOT_TILES inline __m512i dot_columns(bool hi) {
-  alignas(64) int32_t index[16];
-  for (int j = 0; j < 16; ++j) index[j] = 8 * (j / 4) + j % 4 + (hi ? 4 : 0);
-  return _mm512_load_si512(index);
-}
+// in its dword 4L + i (L the 128-bit lane, i < 4). kDotColumns[h][j]: the column in dword j of lo
+// (h = 0) or hi (h = 1), as _mm512_permutex2var_ps indexes two vectors of columns 0-15 and 16-31;
+// kDotPlaces[h][c]: where column 16h + c sits in (lo, hi) (16 + j: hi's dword j). Constants: the
+// tiles run them for every panel and k block.
+alignas(64) constexpr int32_t kDotColumns[2][16] = {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+                                                    {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}};
+alignas(64) constexpr int32_t kDotPlaces[2][16] = {{0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23},
+                                                   {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31}};
 
 // Continue rows [0, R) x one panel's 32 columns over k in [k0, k1) (both even); acc as in micro.
 template <int R>
 DOT_TILES __attribute__((always_inline)) inline void micro_dot(const uint16_t* x, int64_t ldx, const uint16_t* panel,
                                                                int64_t k0, int64_t k1, float* acc, bool first) {
-  const __m512i lo_columns = dot_columns(false), hi_columns = dot_columns(true);
+  const __m512i lo_columns = _mm512_load_si512(kDotColumns[0]), hi_columns = _mm512_load_si512(kDotColumns[1]);
   __m512 lo[R], hi[R];
   for (int r = 0; r < R; ++r) {
     if (first) {
@@ -352,10 +354,8 @@ DOT_TILES __attribute__((always_inline)) inline void micro_dot(const uint16_t* x
       hi[r] = _mm512_dpbf16_ps(hi[r], xv, wh);
     }
   }
-  // back to columns 0..31: column c sits in lo (c % 8 < 4) or hi, dword 4 (c / 8) + c % 4
-  alignas(64) int32_t index[2][16];
-  for (int c = 0; c < 32; ++c) index[c / 16][c % 16] = (c % 8 < 4 ? 0 : 16) + 4 * (c / 8) + c % 4;
-  const __m512i first_half = _mm512_load_si512(index[0]), second_half = _mm512_load_si512(index[1]);
+  // back to columns 0..31
+  const __m512i first_half = _mm512_load_si512(kDotPlaces[0]), second_half = _mm512_load_si512(kDotPlaces[1]);
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(acc + r * kPanel, _mm512_permutex2var_ps(lo[r], first_half, hi[r]));
     _mm512_storeu_ps(acc + r * kPanel + 16, _mm512_permutex2var_ps(lo[r], second_half, hi[r]));

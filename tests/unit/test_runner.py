@@ -63,11 +63,8 @@ def runner_factory(request) -> Iterator[RunnerFactory]:
     """The factory for the precision named by request.param, in its bf16 dot mode while the test runs."""
     fixture, options, dot = PRECISIONS[request.param]
     factory = RunnerFactory(request.getfixturevalue(fixture), options)
-    if dot is None:
-        yield factory
-        return
-    with row_invariant.bf16_dot_mode(dot) as on:
-        if on != dot:
+    with row_invariant.bf16_dot_mode(dot) as on:  # None: the process's own mode
+        if dot is not None and on != dot:
             pytest.skip("the CPU has no AVX512-BF16")
         yield factory
 
