@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from completion_engine import row_invariant
 from completion_engine.embedded import EMBEDDED_NAME, converted_gguf_folder, ensure_embedded
 from completion_engine.row_invariant import cpu_flags
 from completion_engine.runner import DecoderWeights
@@ -49,24 +50,26 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype:
-    """auto: bf16 on a GPU and on a CPU with bf16 matrix tiles (AMX), else float32.
+    """auto: bf16 on a GPU; float32 on a CPU where the row-invariant kernel runs (x86 with AVX2 and
+    FMA, SPEC_COMPLETE_ROW_KERNEL not 0), which keeps bf16 checkpoints in bf16 panels; else bf16 on a
+    CPU with AMX, float32 elsewhere.
 
-    Measured with SmolLM2-135M (`python -m eval.bench_forward --dtype ...`): on an AMX CPU, one
-    thread, bf16 decoded about 2x faster than float32 (before the row-invariant kernel existed; not
-    measured against it since); on an AVX2-only CPU (AMD EPYC), one thread, a bf16 matmul is
-    emulated: an exact decode step took 786 ms in bf16 at a 3k context, 108 ms in float32 at 2k. On
-    a CPU with AVX512-BF16 but no AMX (AMD EPYC, Zen 4), 2k context, two threads, float32 on the
-    row-invariant kernel against bf16 in torch: a decode step 13.1 against 51.4 ms, a verify block
-    of 11 tokens 39.8 against 93.9 ms, a prefill 640 against 600 tokens/s (one thread: 16.3 against
-    59.6 ms, 72.7 against 123.5 ms, 314 against 368 tokens/s). The kernel keeps bf16 weights in bf16
-    panels, so a step reads no more weight bytes (the KV cache is float32: twice bf16's). Memory is
-    float32's cost: the float32 weights plus their bf16 panels, about 3x the bf16 weights; for a
-    large target on a small machine pass --dtype bfloat16.
+    Measured with SmolLM2-135M, 2k context, two threads (`python -m eval.bench_forward --dtype ...`):
+    on an Intel Xeon with AMX, float32 on the kernel (AMX tiles) against bf16 in torch (oneDNN, AMX): a
+    decode step 23.7 against 47.3 ms, a verify block of 11 tokens 37.3 against 67.9 ms, a prefill
+    1,189 against 194 tokens/s (torch's bf16 runs in the runner's padded row buckets there). On an
+    AVX2-only CPU (AMD EPYC), one thread, a bf16 matmul is emulated: an exact decode step took 786 ms
+    in bf16 at a 3k context, 108 ms in float32 at 2k. On AVX512-BF16 without AMX (AMD EPYC, Zen 4), two
+    threads: a decode step 13.1 against 51.4 ms, a verify block of 11 tokens 39.8 against 93.9 ms, a
+    prefill 640 against 600 tokens/s. The KV cache is float32 (twice bf16's), and memory is
+    float32's cost: the float32 weights plus their bf16 panels, about 3x the bf16 weights; for a large
+    target on a small machine pass --dtype bfloat16.
     """
     if dtype == "auto":
-        if device is not None and device.type == "cpu" and not cpu_has_bf16_tiles():
-            return torch.float32
-        return torch.bfloat16
+        if device is None or device.type != "cpu":
+            return torch.bfloat16
+        kernel_runs = row_invariant.enabled() and {"avx2", "fma"} <= cpu_flags()
+        return torch.bfloat16 if cpu_has_bf16_tiles() and not kernel_runs else torch.float32
     try:
         return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
     except KeyError:
@@ -85,8 +88,7 @@ def dtype_label(dtype: str, device: str = "auto") -> str:
 
 
 def cpu_has_bf16_tiles() -> bool:
-    """Whether this CPU has bf16 matrix tiles (x86 AMX-BF16): the one CPU where auto keeps bf16 (it ran
-    2x float32 there before the kernel; the kernel was never timed against it)."""
+    """Whether this CPU has bf16 matrix tiles (x86 AMX-BF16): auto keeps bf16 there if the kernel is off."""
     return "amx_bf16" in cpu_flags()
 
 

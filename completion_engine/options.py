@@ -26,7 +26,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     parser.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bf16 on a GPU or a CPU with AMX, else float32: ~3x the weights' memory on a CPU) "
+        help="auto (bf16 on a GPU; on a CPU float32 on the row-invariant kernel, ~3x the weights' memory, "
+        "or bf16 where the kernel is off and the CPU has AMX) "
         "| bfloat16 | float16 | float32",
     )
     parser.add_argument(

@@ -11,9 +11,10 @@ On a context of real Python (tokens of the standard library, the embedded model)
 - a verify block of 4 tokens (the size the draft budget picks most often for the EAGLE head);
 - the same 11 tokens as a token tree of 1, 2, 3 and 5 root-to-leaf chains (runner.verify_tree):
   what each extra branch of a tree costs.
-Where the bf16 dot mode is on (row_invariant.py: a CPU with AVX512-BF16, by default), ours runs in both
-of the row-invariant kernel's modes, each with its own runner and cache: float32 inputs and bf16 dot;
-SPEC_COMPLETE_ROW_KERNEL=float32 or =avx2 keeps float32 inputs only.
+Where the bf16 dot mode is on (row_invariant.py: a CPU with AVX512-BF16, by default), ours runs under
+each of the row-invariant kernel's numerics the CPU has, each with its own runner and cache: float32
+inputs, bf16 dot (vdpbf16ps) and, with AMX-BF16, amx; SPEC_COMPLETE_ROW_KERNEL=float32 or =avx2 keeps
+float32 inputs only.
 Methods alternate within each repeat; the best and the median of the repeats are printed.
 """
 
@@ -69,18 +70,23 @@ def main(argv: list[str] | None = None) -> int:
     context, n = ids[: args.context], args.context
     from completion_engine import row_invariant
 
-    modes: dict[str, bool | None] = {"": None}  # name suffix -> bf16 dot mode (None: the process's own)
+    modes: dict[str, str | None] = {"": None}  # name suffix -> numerics (None: the process's own)
     if row_invariant.usable(dtype, torch.device("cpu")) and row_invariant.bf16_dot():
-        modes = {" (float32 in)": False, " (bf16 dot)": True}  # SPEC_COMPLETE_ROW_KERNEL=float32: one
+        # every numerics this CPU has (SPEC_COMPLETE_ROW_KERNEL=float32: one)
+        modes = {}
+        for name in row_invariant.NUMERICS:
+            with row_invariant.numerics_mode(name) as got:
+                if got == name:
+                    modes[f" ({name})"] = name
 
     runners = {}
-    for suffix, dot in modes.items():
-        with row_invariant.bf16_dot_mode(dot):
+    for suffix, name in modes.items():
+        with row_invariant.numerics_mode(name):
             runners[suffix] = DecoderRunner(model.weights, exact=True, capacity=n + 64)
     times: dict[str, list[float]] = {}
 
-    def timed(name: str, fn, dot: bool | None = None) -> None:
-        with row_invariant.bf16_dot_mode(dot):
+    def timed(name: str, fn, numerics: str | None = None) -> None:
+        with row_invariant.numerics_mode(numerics):
             started = time.perf_counter()
             fn()
             times.setdefault(name, []).append(time.perf_counter() - started)
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             timed("prefill: HF", lambda: hf(torch.tensor([context]), use_cache=True))
         cache = hf(torch.tensor([context]), use_cache=True).past_key_values
         for suffix, runner in runners.items():
-            with row_invariant.bf16_dot_mode(modes[suffix]):
+            with row_invariant.numerics_mode(modes[suffix]):
                 runner.truncate(0)
                 runner.prefill(context)
         for _ in range(args.repeats):
@@ -105,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: (hf(torch.tensor([[ids[n]]]), past_key_values=cache, use_cache=True), cache.crop(-1)),
             )
             for suffix, runner in runners.items():
-                dot = modes[suffix]
+                numerics = modes[suffix]
                 timed(
                     "decode step: ours" + suffix,
                     lambda r=runner: (r.extend([ids[n]], all_logits=True), r.truncate(n)),
-                    dot,
+                    numerics,
                 )
                 for rows in (4, 11):
                     timed(
@@ -118,13 +124,13 @@ def main(argv: list[str] | None = None) -> int:
                             r.extend(ids[n : n + rows], all_logits=True),
                             r.truncate(n),
                         ),
-                        dot,
+                        numerics,
                     )
                 for leaves, parents in TREES.items():
                     timed(
                         f"tree 11, {leaves} leaves" + suffix,
                         lambda r=runner, p=parents: r.verify_tree(ids[n : n + 11], p),
-                        dot,
+                        numerics,
                     )
     print(f"context {n} tokens, {dtype}, {args.threads} thread(s), {torch.get_num_threads()} in torch")
     for name, samples in times.items():

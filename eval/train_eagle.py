@@ -327,8 +327,10 @@ def cached_pass(target, windows: torch.Tensor, name: str, feature_layers: tuple[
     width = target.shape.hidden * (1 + len(feature_layers))
     if feature_layers:  # passes with other feature layers are other files
         name = f"{name}-layers{'_'.join(map(str, feature_layers))}"
-    if target.embed.dtype == torch.float32 and row_invariant.bf16_dot():  # other features: other files
-        name = f"{name}-bf16dot"
+    if (
+        target.embed.dtype == torch.float32 and row_invariant.numerics() != "float32"
+    ):  # other features: other files
+        name = f"{name}-{row_invariant.numerics()}"
     done = TargetPass(
         windows[:0],
         torch.empty(0, length, width, dtype=target.embed.dtype),

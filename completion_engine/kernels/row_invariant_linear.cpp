@@ -10,7 +10,10 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -389,6 +392,168 @@ DOT_TILES void dot_tiles(const uint16_t* xb, int64_t m, int64_t k, const uint16_
   }
 }
 
+
+// Where the CPU has AMX-BF16 (Intel Xeon from Sapphire Rapids on) and the AMX mode is on (set_amx;
+// row_invariant.py turns it on there by default), the bf16 dot mode multiplies with AMX tiles instead
+// of vdpbf16ps: the input rows, rounded to bf16 as above and zero-padded to whole tiles (16 rows x 32
+// k), against a panel's k pairs interleaved into two 16 x 16 column tiles, each output one fixed chain
+// of tdpbf16ps steps over k blocks of 32, in order, from zero (each step adds the block's 16 pairs in
+// the instruction's own order and rounding, denormals flushed). A tile always has 16 rows and every
+// output row is computed from its own input row alone, so a row gets the same bits in a 1-row step as
+// in any block: row-invariant, but neither the fma chains' nor vdpbf16ps's bits. A 16 x 16 x 32
+// product a step: a prefill block multiplies ~8x faster than with vdpbf16ps, and a verify block's
+// rows come almost free next to reading the weights.
+#define AMX_TILES __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+constexpr int64_t kAmxRows = 16, kAmxK = 32;  // a tile: 16 rows x 64 bytes (32 bf16, or 16 floats)
+std::atomic<bool> amx_on{false};
+
+// Linux gives a process AMX's tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM); -> granted.
+bool amx_permitted() {
+  static const bool permitted = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return false;  // AMX-BF16, AMX-TILE
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return permitted;
+}
+
+// ldtilecfg's 64 bytes: palette 1; tiles 0-7 of 16 rows x 64 bytes. A constant in memory: GCC 12 does
+// not see _tile_loadconfig read its argument, and dropped the stores that filled one on the stack.
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+};
+constexpr TileConfig kTileConfig{1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+static_assert(sizeof(TileConfig) == 64);
+
+// tmm0-3: outputs (row tile i, column half j in tmm 2i + j); tmm4, 5: input row tiles; tmm6, 7: the
+// panel's column halves. Each thread configures its own tiles.
+AMX_TILES void amx_configure() { _tile_loadconfig(&kTileConfig); }
+
+// k pairs [kk0, kk1) of a bf16 panel [k, 32] (within one block of 32 k) -> the block's two AMX tiles
+// at out: 16 k pairs x 16 dwords each, a dword the pair (w[k][c], w[k + 1][c]) of one column c (k past
+// the weight's is zero). The first tile holds columns 8L + i, the second 8L + 4 + i, in dword 4L + i
+// (L < 4, i < 4): unpacklo/hi's order, which the outputs undo through kDotPlaces.
+AMX_TILES inline void amx_interleave(const uint16_t* panel, int64_t k, int64_t kk0, int64_t kk1, uint16_t* out) {
+  for (int64_t kk = kk0; kk < kk1; kk += 2) {
+    const __m512i a = kk < k ? _mm512_loadu_si512(panel + kk * kPanel) : _mm512_setzero_si512();
+    const __m512i b = kk + 1 < k ? _mm512_loadu_si512(panel + (kk + 1) * kPanel) : _mm512_setzero_si512();
+    uint16_t* row = out + (kk % kAmxK) / 2 * kPanel;
+    _mm512_store_si512(row, _mm512_unpacklo_epi16(a, b));
+    _mm512_store_si512(row + kAmxRows * kPanel, _mm512_unpackhi_epi16(a, b));
+  }
+}
+
+constexpr int64_t kAmxTile = kAmxRows * kPanel;  // a B tile's bf16 elements (1 KiB)
+
+// Rows [0, m16) of xa (bf16, [m16, blocks * 32], m16 a multiple of 16) against one bf16 panel ->
+// acc [m16][32] (columns in the tiles' order). Up to 32 rows (a step, a verify block) interleave each
+// block just before its products, into a ring of two blocks that stays in L1; more rows (prefill)
+// interleave the whole panel into b first and run two row tiles at a time over it. An output row is
+// the same chain over the blocks either way.
+AMX_TILES void amx_panel(const uint16_t* xa, int64_t m16, int64_t blocks, const uint16_t* panel, int64_t k,
+                         uint16_t* b, float* acc) {
+  const int64_t ld = blocks * kAmxK * 2;  // bytes per input row
+  const bool streamed = m16 <= 2 * kAmxRows;
+  if (!streamed)
+    for (int64_t block = 0; block < blocks; ++block)
+      amx_interleave(panel, k, block * kAmxK, (block + 1) * kAmxK, b + 2 * block * kAmxTile);
+  const auto tiles_of = [&](int64_t block) {  // the block's B tiles, interleaved now where streamed
+    uint16_t* at = b + 2 * (streamed ? block % 2 : block) * kAmxTile;
+    if (streamed) amx_interleave(panel, k, block * kAmxK, (block + 1) * kAmxK, at);
+    return at;
+  };
+  int64_t row = 0;
+  for (; row + 2 * kAmxRows <= m16; row += 2 * kAmxRows) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t block = 0; block < blocks; ++block) {
+      const uint16_t* bb = tiles_of(block);
+      _tile_loadd(4, xa + row * blocks * kAmxK + block * kAmxK, ld);
+      _tile_loadd(5, xa + (row + kAmxRows) * blocks * kAmxK + block * kAmxK, ld);
+      _tile_loadd(6, bb, 64);
+      _tile_loadd(7, bb + kAmxTile, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, acc + row * kPanel, kPanel * 4);
+    _tile_stored(1, acc + row * kPanel + 16, kPanel * 4);
+    _tile_stored(2, acc + (row + kAmxRows) * kPanel, kPanel * 4);
+    _tile_stored(3, acc + (row + kAmxRows) * kPanel + 16, kPanel * 4);
+  }
+  if (row < m16) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t block = 0; block < blocks; ++block) {
+      const uint16_t* bb = tiles_of(block);
+      _tile_loadd(4, xa + row * blocks * kAmxK + block * kAmxK, ld);
+      _tile_loadd(6, bb, 64);
+      _tile_loadd(7, bb + kAmxTile, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    _tile_stored(0, acc + row * kPanel, kPanel * 4);
+    _tile_stored(1, acc + row * kPanel + 16, kPanel * 4);
+  }
+}
+
+AMX_TILES void amx_release() { _tile_release(); }
+
+// x rounded to bf16 (to nearest even; vcvtneps2bf16, whose flushed denormals tdpbf16ps would flush
+// anyway) into xa [m16, blocks * 32], zero past x's m rows and k columns.
+AMX_TILES void amx_inputs(const float* x, int64_t m, int64_t k, int64_t m16, int64_t blocks, uint16_t* xa) {
+  const int64_t width = blocks * kAmxK;
+  std::memset(xa, 0, m16 * width * sizeof(uint16_t));
+  for (int64_t row = 0; row < m; ++row) {
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xa + row * width + i),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + row * k + i)));
+    if (i < k) {
+      const __mmask16 tail = static_cast<__mmask16>((1u << (k - i)) - 1);
+      _mm256_mask_storeu_epi16(xa + row * width + i, tail, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(tail, x + row * k + i)));
+    }
+  }
+}
+
+// y = x @ panels (+ bias) on AMX tiles.
+void amx_linear(const float* xp, int64_t m, int64_t k, const uint16_t* hp, int64_t stride, int64_t n, const float* bp,
+                float* yp) {
+  const int64_t blocks = (k + kAmxK - 1) / kAmxK, m16 = (m + kAmxRows - 1) / kAmxRows * kAmxRows;
+  thread_local std::vector<uint16_t> inputs;  // kept by the calling thread between calls
+  inputs.resize(std::max<size_t>(inputs.size(), m16 * blocks * kAmxK));
+  amx_inputs(xp, m, k, m16, blocks, inputs.data());
+  const uint16_t* xa = inputs.data();
+  const int64_t count = (n + kPanel - 1) / kPanel;
+  parallel_items(count, m > kHalfRowsMost, [&](const auto& claim) {
+    amx_configure();
+    thread_local std::vector<float> acc;
+    thread_local std::vector<uint16_t> buffer;  // B tiles: a ring of 2 blocks, or a whole panel's; 64-byte aligned
+    acc.resize(std::max<size_t>(acc.size(), m16 * kPanel));
+    buffer.resize(std::max<size_t>(buffer.size(), (m16 <= 2 * kAmxRows ? 2 : blocks) * 2 * kAmxTile + 32));
+    uint16_t* b = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+    for (int64_t p; (p = claim()) >= 0;) {
+      amx_panel(xa, m16, blocks, hp + p * stride, k, b, acc.data());
+      const int64_t cols = std::min(kPanel, n - p * kPanel);
+      for (int64_t row = 0; row < m; ++row) {
+        const float* chain = acc.data() + row * kPanel;
+        float* out = yp + row * n + p * kPanel;
+        for (int64_t j = 0; j < cols; ++j) {
+          const float value = chain[kDotPlaces[j / 16][j % 16]];
+          out[j] = bp ? value + bp[p * kPanel + j] : value;
+        }
+      }
+    }
+    amx_release();
+  });
+}
+
 }  // namespace
 
 // x [M, K] float32; panels [>= ceil(n / 32), K, 32] as pack() or pack_bf16() makes them, rows of a panel
@@ -417,6 +582,10 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
   float* yp = y.data_ptr<float>();
   // bf16 panels in the dot mode: pairs of k (kBlockK is even), the input rounded to bf16 once
   const bool dot = narrow && k % 2 == 0 && bf16_dot_on.load(std::memory_order_relaxed);
+  if (dot && amx_on.load(std::memory_order_relaxed)) {
+    amx_linear(xp, m, k, hp, stride, n, bp, yp);
+    return y;
+  }
   const auto xb = dot ? x.to(torch::kBFloat16).contiguous() : torch::Tensor();
   const uint16_t* xbp = dot ? reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>()) : nullptr;
   // bf16 panels: widened as rows_block says
@@ -954,12 +1123,20 @@ bool set_bf16_dot(bool on) {
 
 bool bf16_dot() { return bf16_dot_on.load(); }
 
+// Turns AMX tiles for the bf16 dot mode on (where the CPU has AMX-BF16 and Linux grants its tile
+// state) or off; -> whether they were on before. As with set_bf16_dot, caches of the other setting are stale.
+bool set_amx(bool on) { return amx_on.exchange(on && amx_permitted()); }
+
+bool amx() { return amx_on.load(); }
+
 // Both release the GIL while they compute, as torch's own ops do: the language server's event loop
 // and other Python threads keep running while the model worker multiplies.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("set_wide_tiles", &set_wide_tiles, "512-bit verify tiles on (where the CPU has AVX-512) or off");
   module.def("set_bf16_dot", &set_bf16_dot, "bf16 inputs and vdpbf16ps for bf16 panels (AVX512-BF16) on or off");
   module.def("bf16_dot", &bf16_dot, "whether the bf16 dot mode is on");
+  module.def("set_amx", &set_amx, "AMX tiles for the bf16 dot mode (AMX-BF16) on or off");
+  module.def("amx", &amx, "whether the bf16 dot mode multiplies on AMX tiles");
   module.def("pack", &pack, "weight [N, K] -> panels [ceil(N / 32), K, 32]",
              pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("pack_bf16", &pack_bf16, "weight [N, K] of bf16 values -> bfloat16 panels [ceil(N / 32), K, 32]",

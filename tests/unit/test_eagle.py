@@ -294,7 +294,7 @@ def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(
     features = torch.randn(40, weights.shape.hidden, generator=torch.Generator().manual_seed(0))
     tokens = (random_prompts(float32_target.vocab_size, 1, seed=8)[0] * 4)[:40]
     # float32 inputs (the bf16 dot mode rounds them, which torch's path does not)
-    with torch.inference_mode(), row_invariant.bf16_dot_mode(False):
+    with torch.inference_mode(), row_invariant.numerics_mode("float32"):
         for head in (packed, plain_torch):
             head.forward(features[:39], tokens[:39], range(39))  # a catch-up block, then one draft row
         rows = [head.forward(features[39:], tokens[39:], [39]) for head in (packed, plain_torch)]

@@ -66,14 +66,16 @@ def plain(engine: CompletionEngine, prompt: list[int], max_new: int) -> list[int
     return engine.complete(Request(context=prompt, max_new_tokens=max_new, draft="none")).tokens
 
 
-@pytest.fixture(params=["bf16", "fp32", "bf16-dot"])
+@pytest.fixture(params=["bf16", "fp32", "bf16-dot", "bf16-amx"])
 def models(request) -> Iterator[tuple[LoadedModel, LoadedModel]]:
     """(target, a near draft) in bf16 (torch's kernels), in float32 (row_invariant's kernel on AVX2),
-    and a bf16 checkpoint in float32 in the kernel's bf16 dot mode (bf16 inputs, AVX512-BF16)."""
-    if request.param == "bf16-dot":
-        with row_invariant.bf16_dot_mode(True) as on:
-            if not on:
-                pytest.skip("the CPU has no AVX512-BF16")
+    and a bf16 checkpoint in float32 in the kernel's bf16 dot mode (bf16 inputs), multiplied with
+    vdpbf16ps (AVX512-BF16) and on AMX tiles (AMX-BF16)."""
+    if request.param.startswith("bf16-"):
+        numerics = {"bf16-dot": "bf16dot", "bf16-amx": "amx"}[request.param]
+        with row_invariant.numerics_mode(numerics) as got:
+            if got != numerics:
+                pytest.skip(f"the CPU cannot multiply as {numerics} (AVX512-BF16, AMX-BF16)")
             yield (
                 request.getfixturevalue("tiny_target_fp32_bf16_valued"),
                 request.getfixturevalue("tiny_near_draft_fp32"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,7 +71,7 @@ def test_512_bit_verify_tiles_give_the_bits_of_256_bit_ones():
     x = torch.randn(40, 300, generator=generator)
     threads, before = torch.get_num_threads(), module.set_wide_tiles(True)
     try:
-        with row_invariant.bf16_dot_mode(False):  # float32 inputs: the tiles of the fma chains
+        with row_invariant.numerics_mode("float32"):  # float32 inputs: the tiles of the fma chains
             for count in (1, 2):
                 torch.set_num_threads(count)
                 for panels in (module.pack_bf16(weight), module.pack(weight)):
@@ -133,7 +136,7 @@ def test_bf16_valued_weights_pack_into_bf16_panels_with_the_bits_of_float32_ones
     x = torch.randn(40, 200, generator=generator)
     threads = torch.get_num_threads()
     try:
-        with row_invariant.bf16_dot_mode(False):  # float32 inputs: the chains of float32 panels
+        with row_invariant.numerics_mode("float32"):  # float32 inputs: the chains of float32 panels
             for count in (1, 2, 3):  # 3: uneven shares, more threads than cores
                 torch.set_num_threads(count)
                 # whole panels in registers up to 3 rows, half-panel tiles of 3-6 rows up to 16, widened
@@ -144,16 +147,25 @@ def test_bf16_valued_weights_pack_into_bf16_panels_with_the_bits_of_float32_ones
         torch.set_num_threads(threads)
 
 
-needs_bf16_dot = pytest.mark.skipif(
-    "avx512_bf16" not in row_invariant.cpu_flags(), reason="the CPU has no AVX512-BF16"
-)
+@contextmanager
+def bf16_numerics(name: str) -> Iterator[None]:
+    """A block in the bf16 numerics `name` ("bf16dot": vdpbf16ps, "amx": AMX tiles); skips where the
+    CPU lacks it."""
+    with row_invariant.numerics_mode(name) as got:
+        if got != name:
+            pytest.skip(f"the CPU cannot multiply as {name} (AVX512-BF16, AMX-BF16)")
+        yield
 
 
-@needs_bf16_dot
-@pytest.mark.parametrize("out_features, in_features", [(100, 300), (576, 1536), (45, 64)])
+BF16_NUMERICS = ["bf16dot", "amx"]
+
+
+@pytest.mark.parametrize("numerics", BF16_NUMERICS)
+@pytest.mark.parametrize("out_features, in_features", [(100, 300), (576, 1536), (45, 64), (40, 34)])
 def test_the_bf16_dot_mode_multiplies_bf16_inputs_and_gives_a_row_the_same_bits_in_any_company(
-    out_features, in_features
+    numerics, out_features, in_features
 ):
+    # amx: k = 300 and 34 end in a part block of 32, 130 rows in a part tile of 16
     # k = 300: three k blocks (the chains park between them); 45 outputs: a part panel
     generator = torch.Generator().manual_seed(in_features)
     weight = torch.randn(out_features, in_features, generator=generator).bfloat16().float()
@@ -163,8 +175,7 @@ def test_the_bf16_dot_mode_multiplies_bf16_inputs_and_gives_a_row_the_same_bits_
     x = torch.randn(130, in_features, generator=generator)
     threads = torch.get_num_threads()
     try:
-        with row_invariant.bf16_dot_mode(True) as on:
-            assert on
+        with bf16_numerics(numerics):
             reference = torch.cat([linear(row[None]) for row in x])  # one row per call
             exact = x.bfloat16().double() @ weight.double().T + bias.double()  # the rounded inputs' product
             assert torch.allclose(reference.double(), exact, atol=1e-4, rtol=1e-4)
@@ -182,17 +193,17 @@ def test_the_bf16_dot_mode_multiplies_bf16_inputs_and_gives_a_row_the_same_bits_
         torch.set_num_threads(threads)
 
 
-@needs_bf16_dot
-def test_the_bf16_dot_mode_leaves_float32_panels_and_odd_widths_to_the_float32_chains():
+@pytest.mark.parametrize("numerics", BF16_NUMERICS)
+def test_the_bf16_dot_mode_leaves_float32_panels_and_odd_widths_to_the_float32_chains(numerics):
     generator = torch.Generator().manual_seed(12)
     wide = row_invariant.pack(torch.randn(40, 64, generator=generator))  # float32 values
     odd = row_invariant.pack(torch.randn(40, 33, generator=generator).bfloat16().float())  # k not even
     assert wide.panels.dtype == torch.float32 and odd.panels.dtype == torch.bfloat16
     for linear, width in ((wide, 64), (odd, 33)):
         x = torch.randn(9, width, generator=generator)
-        with row_invariant.bf16_dot_mode(False):
+        with row_invariant.numerics_mode("float32"):
             expected = linear(x)
-        with row_invariant.bf16_dot_mode(True):
+        with bf16_numerics(numerics):
             assert torch.equal(linear(x), expected)
 
 

@@ -31,12 +31,22 @@ def tokens(count: int, vocab: int, seed: int = 0) -> list[int]:
 
 # Each exactness test runs on every way the runner multiplies: torch's kernels in bf16 and in float32
 # (MKL on a CPU, with probed row buckets), and row_invariant's float32 kernel (no padding at all), on
-# bf16 panels with float32 inputs and in the bf16 dot mode (bf16 inputs, AVX512-BF16).
+# bf16 panels with float32 inputs and in the bf16 dot mode (bf16 inputs) with vdpbf16ps (AVX512-BF16)
+# and on AMX tiles (AMX-BF16). The third entry: the kernel's numerics (None: the process's own).
 PRECISIONS = {
     "bf16": ("tiny_target", {}, None),
     "fp32-row-invariant": ("tiny_target_fp32", {"row_invariant_kernel": True}, None),
-    "fp32-row-invariant-bf16-panels": ("tiny_target_fp32_bf16_valued", {"row_invariant_kernel": True}, False),
-    "fp32-row-invariant-bf16-dot": ("tiny_target_fp32_bf16_valued", {"row_invariant_kernel": True}, True),
+    "fp32-row-invariant-bf16-panels": (
+        "tiny_target_fp32_bf16_valued",
+        {"row_invariant_kernel": True},
+        "float32",
+    ),
+    "fp32-row-invariant-bf16-dot": (
+        "tiny_target_fp32_bf16_valued",
+        {"row_invariant_kernel": True},
+        "bf16dot",
+    ),
+    "fp32-row-invariant-bf16-amx": ("tiny_target_fp32_bf16_valued", {"row_invariant_kernel": True}, "amx"),
     "fp32-torch": ("tiny_target_fp32", {"row_invariant_kernel": False}, None),
 }
 
@@ -60,12 +70,12 @@ def make_runner(request) -> Iterator[RunnerFactory]:
 
 
 def runner_factory(request) -> Iterator[RunnerFactory]:
-    """The factory for the precision named by request.param, in its bf16 dot mode while the test runs."""
-    fixture, options, dot = PRECISIONS[request.param]
+    """The factory for the precision named by request.param, in its numerics while the test runs."""
+    fixture, options, numerics = PRECISIONS[request.param]
     factory = RunnerFactory(request.getfixturevalue(fixture), options)
-    with row_invariant.bf16_dot_mode(dot) as on:  # None: the process's own mode
-        if dot is not None and on != dot:
-            pytest.skip("the CPU has no AVX512-BF16")
+    with row_invariant.numerics_mode(numerics) as got:  # None: the process's own
+        if numerics is not None and got != numerics:
+            pytest.skip(f"the CPU cannot multiply as {numerics} (AVX512-BF16, AMX-BF16)")
         yield factory
 
 
