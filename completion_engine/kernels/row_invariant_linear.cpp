@@ -213,13 +213,17 @@ WIDE_TILES inline __m512 load16(const uint16_t* w) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(halves, 16));
 }
 
-template <int R, typename W>
+template <int R, typename W, int64_t Ahead = 0>
 WIDE_TILES __attribute__((always_inline)) inline void micro512(const float* x, int64_t ldx, const W* panel, int64_t k0,
                                                                int64_t k1, float* acc, bool first) {
   __m512 sum[R][2];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < 2; ++v) sum[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * kPanel + v * 16);
   for (int64_t k = k0; k < k1; ++k) {
+    if constexpr (Ahead > 0) {  // as micro's
+      _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel + Ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel + Ahead + 16), _MM_HINT_T0);
+    }
     const __m512 w0 = load16(panel + k * kPanel), w1 = load16(panel + k * kPanel + 16);
     for (int r = 0; r < R; ++r) {
       const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
@@ -232,7 +236,7 @@ WIDE_TILES __attribute__((always_inline)) inline void micro512(const float* x, i
 }
 
 // Rows [0, m) in tiles of at most kWideRows, as even as can be.
-template <typename W>
+template <typename W, int64_t Ahead = 0>
 WIDE_TILES void wide_tiles(const float* xp, int64_t m, int64_t k, const W* panel, int64_t k0, int64_t k1, float* acc) {
   const int64_t tiles = (m + kWideRows - 1) / kWideRows;
   const bool first = k0 == 0;
@@ -241,18 +245,18 @@ WIDE_TILES void wide_tiles(const float* xp, int64_t m, int64_t k, const W* panel
     const float* xr = xp + row * k;
     float* ar = acc + row * kPanel;
     switch (size) {
-      case 1: micro512<1>(xr, k, panel, k0, k1, ar, first); break;
-      case 2: micro512<2>(xr, k, panel, k0, k1, ar, first); break;
-      case 3: micro512<3>(xr, k, panel, k0, k1, ar, first); break;
-      case 4: micro512<4>(xr, k, panel, k0, k1, ar, first); break;
-      case 5: micro512<5>(xr, k, panel, k0, k1, ar, first); break;
-      case 6: micro512<6>(xr, k, panel, k0, k1, ar, first); break;
-      case 7: micro512<7>(xr, k, panel, k0, k1, ar, first); break;
-      case 8: micro512<8>(xr, k, panel, k0, k1, ar, first); break;
-      case 9: micro512<9>(xr, k, panel, k0, k1, ar, first); break;
-      case 10: micro512<10>(xr, k, panel, k0, k1, ar, first); break;
-      case 11: micro512<11>(xr, k, panel, k0, k1, ar, first); break;
-      default: micro512<12>(xr, k, panel, k0, k1, ar, first); break;
+      case 1: micro512<1, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 2: micro512<2, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 3: micro512<3, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 4: micro512<4, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 5: micro512<5, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 6: micro512<6, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 7: micro512<7, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 8: micro512<8, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 9: micro512<9, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 10: micro512<10, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      case 11: micro512<11, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
+      default: micro512<12, W, Ahead>(xr, k, panel, k0, k1, ar, first); break;
     }
     row += size;
   }
@@ -617,25 +621,60 @@ torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, in
 
 namespace {
 
-// The output chains of a tile of up to kBlockRows slots over the keys [k0, k1) of one value panel:
-// the keys every slot of the tile sees run together, then each slot alone runs the rest of its own
-// (keys past lengths[i] are never read). x: the tile's probability rows, ld apart; acc: their chains
-// so far ([tile][32]), parked between key blocks, started at k0 == 0.
+// The output chains of a tile of up to kBlockRows slots (kWideRows with 512-bit tiles) over the keys
+// [k0, k1) of one value panel: the keys every slot of the tile sees run together, then each slot alone
+// runs the rest of its own (keys past lengths[i] are never read). x: the tile's probability rows, ld
+// apart; acc: their chains so far ([tile][32]), parked between key blocks, started at k0 == 0.
 inline void value_tile(const float* x, int64_t ld, const float* panel, int64_t k0, int64_t k1, const int64_t* lengths,
-                       int64_t tile, float* acc) {
+                       int64_t tile, float* acc, bool wide) {
   int64_t common = lengths[0];
   for (int64_t i = 1; i < tile; ++i) common = std::min(common, lengths[i]);
   const int64_t together = std::min(k1, common);
   if (k0 < together) {
-    switch (tile) {
-      case 3: micro<3, kVectors, float, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
-      case 2: micro<2, kVectors, float, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
-      default: micro<1, kVectors, float, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
+    if (wide) {
+      wide_tiles<float, kAhead>(x, tile, ld, panel, k0, together, acc);
+    } else {
+      switch (tile) {
+        case 3: micro<3, kVectors, float, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
+        case 2: micro<2, kVectors, float, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
+        default: micro<1, kVectors, float, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
+      }
     }
   }
   for (int64_t i = 0; i < tile; ++i) {
     const int64_t from = std::max(k0, common), to = std::min(k1, lengths[i]);
-    if (from < to) micro<1, kVectors, float, kAhead>(x + i * ld, ld, panel, from, to, acc + i * kPanel, from == 0);
+    if (from >= to) continue;
+    if (wide)
+      wide_tiles<float, kAhead>(x + i * ld, 1, ld, panel, from, to, acc + i * kPanel);
+    else
+      micro<1, kVectors, float, kAhead>(x + i * ld, ld, panel, from, to, acc + i * kPanel, from == 0);
+  }
+}
+
+// The output chains of slots [0, count) over the keys [k0, k1) of one value panel (value_tile's
+// arguments; lengths[count]) in tiles: of up to kWideRows slots where the CPU has 512-bit vectors
+// (wide_tiles_on), else kBlockRows. The same chain of fmas over the keys, in order, either way.
+inline void value_tiles(const float* x, int64_t ld, const float* panel, int64_t k0, int64_t k1, const int64_t* lengths,
+                        int64_t count, float* acc) {
+  const bool wide = wide_tiles_on.load(std::memory_order_relaxed);
+  const int64_t step = wide ? kWideRows : kBlockRows;
+  for (int64_t s = 0; s < count; s += step)
+    value_tile(x + s * ld, ld, panel, k0, k1, lengths + s, std::min(step, count - s), acc + s * kPanel, wide);
+}
+
+// The score chains of slots [0, count) (queries d apart) against one key panel -> acc [count][32]: the
+// fma chain over d, in tiles of up to kWideRows slots where the CPU has 512-bit vectors, else kBlockRows.
+inline void score_tiles(const float* q, int64_t count, int64_t d, const float* panel, float* acc) {
+  if (wide_tiles_on.load(std::memory_order_relaxed)) {
+    wide_tiles<float, kAhead>(q, count, d, panel, 0, d, acc);
+    return;
+  }
+  for (int64_t s = 0; s < count; s += kBlockRows) {
+    switch (std::min(kBlockRows, count - s)) {
+      case 3: micro<3, kVectors, float, kAhead>(q + s * d, d, panel, 0, d, acc + s * kPanel, true); break;
+      case 2: micro<2, kVectors, float, kAhead>(q + s * d, d, panel, 0, d, acc + s * kPanel, true); break;
+      default: micro<1, kVectors, float, kAhead>(q + s * d, d, panel, 0, d, acc + s * kPanel, true); break;
+    }
   }
 }
 
@@ -714,13 +753,7 @@ void attention_few(const AttentionCall& a) {
       for (int64_t s = 0; s < slots; ++s) _mm256_storeu_ps(block_most + s * 8, _mm256_set1_ps(-std::numeric_limits<float>::infinity()));
       for (int64_t p = b * kKeyBlock; p < std::min(panels, (b + 1) * kKeyBlock); ++p) {
         const float* panel = a.keys + kv * a.key_head + p * a.key_panel;
-        for (int64_t s = 0; s < slots; s += kBlockRows) {
-          switch (std::min(kBlockRows, slots - s)) {
-            case 3: micro<3, kVectors, float, kAhead>(q + s * a.d, a.d, panel, 0, a.d, acc.data() + s * kPanel, true); break;
-            case 2: micro<2, kVectors, float, kAhead>(q + s * a.d, a.d, panel, 0, a.d, acc.data() + s * kPanel, true); break;
-            default: micro<1, kVectors, float, kAhead>(q + s * a.d, a.d, panel, 0, a.d, acc.data() + s * kPanel, true); break;
-          }
-        }
+        score_tiles(q, slots, a.d, panel, acc.data());
         for (int64_t s = 0; s < slots; ++s) {
           const int64_t length = cached(s / group);
           __m256 m = _mm256_loadu_ps(block_most + s * 8);
@@ -757,19 +790,14 @@ void attention_few(const AttentionCall& a) {
   // outputs: a kv head's value panel against all its slots, chains as in the chunked pass
   parallel_items(a.kv_heads * value_panels, false, [&](const auto& claim) {
     std::vector<float> acc(tiles * kBlockRows * kPanel);
+    std::vector<int64_t> lengths(slots);
+    for (int64_t s = 0; s < slots; ++s) lengths[s] = cached(s / group);
     for (int64_t item; (item = claim()) >= 0;) {
       const int64_t kv = item / value_panels, c = item % value_panels;
       const float* panel = a.values + kv * a.value_head + c * a.value_panel;
       const float* rows_in = probs_p + kv * slots * padded;
-      for (int64_t k0 = 0; k0 < padded; k0 += kBlockK) {
-        const int64_t k1 = std::min(padded, k0 + kBlockK);
-        for (int64_t s = 0; s < slots; s += kBlockRows) {
-          const int64_t tile = std::min(kBlockRows, slots - s);
-          int64_t lengths[kBlockRows];
-          for (int64_t i = 0; i < tile; ++i) lengths[i] = cached((s + i) / group);
-          value_tile(rows_in + s * padded, padded, panel, k0, k1, lengths, tile, acc.data() + s * kPanel);
-        }
-      }
+      for (int64_t k0 = 0; k0 < padded; k0 += kBlockK)
+        value_tiles(rows_in, padded, panel, k0, std::min(padded, k0 + kBlockK), lengths.data(), slots, acc.data());
       if (a.paths) {  // a tree's path: micro's step for each key, in order after the cache's
         for (int64_t s = 0; s < slots; ++s) {
           const int64_t row = s / group;
@@ -873,8 +901,10 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
     for (int64_t item; (item = claim()) >= 0;) {
       const int64_t kv = item / chunks, first = (item % chunks) * chunk, count = std::min(chunk, slots - first);
       int64_t span = 0;  // keys any slot of the chunk sees
+      int64_t lengths[kSlots];
       for (int64_t s = 0; s < count; ++s) {
         const int64_t row = (first + s) / group, head = kv * group + (first + s) % group;
+        lengths[s] = len[row];
         std::copy(qp + (row * heads + head) * d, qp + (row * heads + head + 1) * d, query.data() + s * d);
         span = std::max(span, len[row]);
       }
@@ -885,13 +915,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
       const float* key_head = kp + kv * keys.stride(0);
       for (int64_t p = 0; p < padded / kPanel; ++p) {
         const float* panel = key_head + p * keys.stride(1);
-        for (int64_t s = 0; s < count; s += kBlockRows) {
-          switch (std::min(kBlockRows, count - s)) {
-            case 3: micro<3, kVectors, float, kAhead>(query.data() + s * d, d, panel, 0, d, acc.data() + s * kPanel, true); break;
-            case 2: micro<2, kVectors, float, kAhead>(query.data() + s * d, d, panel, 0, d, acc.data() + s * kPanel, true); break;
-            default: micro<1, kVectors, float, kAhead>(query.data() + s * d, d, panel, 0, d, acc.data() + s * kPanel, true); break;
-          }
-        }
+        score_tiles(query.data(), count, d, panel, acc.data());
         for (int64_t s = 0; s < count; ++s) {
           const int64_t length = len[(first + s) / group];
           for (int64_t v = 0; v < kVectors; ++v) {
@@ -909,15 +933,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
       const float* value_head = vp + kv * values.stride(0);
       for (int64_t c = 0; c < value_panels; ++c) {
         const float* panel = value_head + c * values.stride(1);
-        for (int64_t k0 = 0; k0 < padded; k0 += kBlockK) {
-          const int64_t k1 = std::min(padded, k0 + kBlockK);
-          for (int64_t s = 0; s < count; s += kBlockRows) {
-            const int64_t tile = std::min(kBlockRows, count - s);
-            int64_t lengths[kBlockRows];
-            for (int64_t i = 0; i < tile; ++i) lengths[i] = len[(first + s + i) / group];
-            value_tile(probs.data() + s * padded, padded, panel, k0, k1, lengths, tile, acc.data() + s * kPanel);
-          }
-        }
+        for (int64_t k0 = 0; k0 < padded; k0 += kBlockK)
+          value_tiles(probs.data(), padded, panel, k0, std::min(padded, k0 + kBlockK), lengths, count, acc.data());
         const int64_t cols = std::min(kPanel, d - c * kPanel);
         for (int64_t s = 0; s < count; ++s) {
           const int64_t row = (first + s) / group, head = kv * group + (first + s) % group;

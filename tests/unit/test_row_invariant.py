@@ -305,6 +305,58 @@ def test_attention_never_reads_past_a_rows_own_keys():
     assert torch.equal(few, together[:8])  # a small block's passes: keys read in blocks of 256
 
 
+@pytest.mark.skipif("avx512f" not in row_invariant.cpu_flags(), reason="the CPU has no AVX-512")
+def test_attention_on_512_bit_tiles_gives_the_bits_of_256_bit_ones():
+    # scores and outputs in tiles of up to 12 query slots (512-bit) or 3 (AVX2): the same chains
+    module = row_invariant.kernel()
+    cache, _, _ = filled_cache(3, 64, 700, seed=13)
+    q = torch.randn(30, 9, 64, generator=torch.Generator().manual_seed(14))
+    lengths = torch.tensor([650 + i * (i % 3) for i in range(30)])  # uneven: slots of a tile end apart
+    parents = torch.tensor([-1, 0, 1, 1, 0, 4, 5, 2])
+    threads, before = torch.get_num_threads(), module.set_wide_tiles(True)
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in (
+                1,
+                2,
+                4,
+                8,
+                9,
+                16,
+                17,
+                30,
+            ):  # a step's and a verify block's passes, chunks of 12 and 24
+                results = []
+                for wide in (True, False):
+                    module.set_wide_tiles(wide)
+                    results.append(
+                        module.attention(
+                            q[:rows].contiguous(),
+                            cache.keys[0],
+                            cache.values[0],
+                            lengths[:rows],
+                            0.125,
+                            None,
+                            0,
+                        )
+                    )
+                assert torch.equal(*results), (rows, count)
+            tree_lengths = torch.tensor([600, 601, 602, 602, 601, 602, 603, 603])  # start + depth + 1
+            results = []
+            for wide in (True, False):
+                module.set_wide_tiles(wide)
+                results.append(
+                    module.attention(
+                        q[:8].contiguous(), cache.keys[0], cache.values[0], tree_lengths, 0.125, parents, 599
+                    )
+                )
+            assert torch.equal(*results), count
+    finally:
+        module.set_wide_tiles(before)
+        torch.set_num_threads(threads)
+
+
 TREES = [
     [-1],  # the root alone
     [-1, 0, 1, 2, 3],  # a chain
