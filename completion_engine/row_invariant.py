@@ -81,17 +81,20 @@ Where the CPU also has AMX-BF16 (Intel Xeon from Sapphire Rapids on) the dot mod
 tiles: the bf16 input rows zero-padded to tiles of 16 rows x 32 k, a panel's pairs of k interleaved
 into two 16-column tiles per block of 32 k (just before their products where a call has up to 32
 rows, so the panel streams from memory meanwhile), each output one fixed chain of `tdpbf16ps` steps
-over the blocks from zero. A row's outputs come from its own input row alone, so every invariance
-holds (tested as above); the bits are AMX's own, neither vdpbf16ps's nor the fma chains'. Measured on
-a 2-core Intel Xeon (AMX) VM, the 30 layers' Linears and the LM head of SmolLM2-135M with random bf16
-weights, vdpbf16ps and AMX in one process, best of 5, ms (`/tmp` script):
+over the blocks from zero; a call of fewer than 16 rows configures its tiles that high, so a 1-row
+step multiplies one row, not 16. A row's outputs come from its own input row alone, in a tile of any
+height, so every invariance holds (tested as above); the bits are AMX's own, neither vdpbf16ps's nor
+the fma chains'. Measured on a 2-core Intel Xeon (AMX) VM, the 30 layers' Linears and the LM head of
+SmolLM2-135M with random bf16 weights, vdpbf16ps and AMX in one process, best of 5, ms (`/tmp` script):
 
     rows                1     2     4     8    11    16   128
-    2 threads, bf16dot 7.1   7.6   9.8  14.5  18.1  25.0  181
-    2 threads, amx     8.2   8.2   8.3   8.8   9.1   9.5  43.6
+    2 threads, bf16dot 7.5   7.9  10.3  15.5  19.2  26.2   199
+    2 threads, amx     7.9   7.8   7.9   8.3   8.9   9.5  43.5
+    1 thread, bf16dot 13.7  14.0  18.0  27.5  34.2  48.3   393
+    1 thread, amx     14.4  13.7  14.1  14.9  15.6  16.5  58.9
 
-so a verify block's rows cost almost nothing beside streaming the weights, and prefill runs ~4x faster;
-a 1-row step pays ~1 ms for interleaving the panels (SPEC_COMPLETE_ROW_KERNEL=dot keeps vdpbf16ps).
+so a verify block's rows cost almost nothing beside streaming the weights, and prefill blocks run
+4-7x faster (SPEC_COMPLETE_ROW_KERNEL=dot keeps vdpbf16ps).
 The numerics in force: `numerics()` ("float32", "bf16dot", "amx").
 
 Attention (`attention`) runs on the same micro-kernel over the KV cache's panel layout: scores are

@@ -422,19 +422,30 @@ bool amx_permitted() {
   return permitted;
 }
 
-// ldtilecfg's 64 bytes: palette 1; tiles 0-7 of 16 rows x 64 bytes. A constant in memory: GCC 12 does
-// not see _tile_loadconfig read its argument, and dropped the stores that filled one on the stack.
+// ldtilecfg's 64 bytes: palette 1; tiles 0-7 of 64 bytes a row, 16 rows but for the first row tile's
+// (outputs tmm0, 1 and inputs tmm4) in a call of fewer than 16 rows: `rows` there, so that a 1-row
+// step multiplies 1 row, not 16 (a tdpbf16ps computes each row from its own input row alone, so a
+// row's bits are the same in a tile of any height: tested). Constants in memory: GCC 12 does not see
+// _tile_loadconfig read its argument, and dropped the stores that filled one on the stack.
 struct alignas(64) TileConfig {
   uint8_t palette, start_row, reserved[14];
   uint16_t bytes_per_row[16];
   uint8_t rows[16];
 };
-constexpr TileConfig kTileConfig{1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+constexpr TileConfig tile_config(uint8_t rows) {
+  TileConfig config{1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+  config.rows[0] = config.rows[1] = config.rows[4] = rows;
+  return config;
+}
 static_assert(sizeof(TileConfig) == 64);
+alignas(64) constexpr TileConfig kTileConfigs[kAmxRows + 1] = {
+    tile_config(16), tile_config(1),  tile_config(2),  tile_config(3),  tile_config(4),  tile_config(5),
+    tile_config(6),  tile_config(7),  tile_config(8),  tile_config(9),  tile_config(10), tile_config(11),
+    tile_config(12), tile_config(13), tile_config(14), tile_config(15), tile_config(16)};
 
 // tmm0-3: outputs (row tile i, column half j in tmm 2i + j); tmm4, 5: input row tiles; tmm6, 7: the
-// panel's column halves. Each thread configures its own tiles.
-AMX_TILES void amx_configure() { _tile_loadconfig(&kTileConfig); }
+// panel's column halves. Each thread configures its own tiles, for a call of m rows.
+AMX_TILES void amx_configure(int64_t m) { _tile_loadconfig(&kTileConfigs[std::min(m, kAmxRows)]); }
 
 // k pairs [kk0, kk1) of a bf16 panel [k, 32] (within one block of 32 k) -> the block's two AMX tiles
 // at out: 16 k pairs x 16 dwords each, a dword the pair (w[k][c], w[k + 1][c]) of one column c (k past
@@ -536,7 +547,7 @@ void amx_linear(const float* xp, int64_t m, int64_t k, const uint16_t* hp, int64
   const uint16_t* xa = inputs.data();
   const int64_t count = (n + kPanel - 1) / kPanel;
   parallel_items(count, m > kHalfRowsMost, [&](const auto& claim) {
-    amx_configure();
+    amx_configure(m);
     thread_local std::vector<float> acc;
     thread_local std::vector<uint16_t> buffer;  // B tiles: a ring of 2 blocks, or a whole panel's; 64-byte aligned
     acc.resize(std::max<size_t>(acc.size(), m16 * kPanel));
