@@ -537,6 +537,26 @@ AMX_TILES void amx_inputs(const float* x, int64_t m, int64_t k, int64_t m16, int
   }
 }
 
+// A panel's outputs from acc (columns in the tiles' order: kDotPlaces) to y's rows (n apart), its
+// first `cols` columns, plus the bias where there is one.
+AMX_TILES void amx_outputs(const float* acc, int64_t m, int64_t cols, const float* bias, float* y, int64_t n) {
+  const __m512i first_half = _mm512_load_si512(kDotPlaces[0]), second_half = _mm512_load_si512(kDotPlaces[1]);
+  const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+  const __mmask16 hi = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  const __m512 bias_lo = bias ? _mm512_maskz_loadu_ps(lo, bias) : _mm512_setzero_ps();
+  const __m512 bias_hi = bias ? _mm512_maskz_loadu_ps(hi, bias + 16) : _mm512_setzero_ps();
+  for (int64_t row = 0; row < m; ++row) {
+    const __m512 a = _mm512_loadu_ps(acc + row * kPanel), b = _mm512_loadu_ps(acc + row * kPanel + 16);
+    __m512 first = _mm512_permutex2var_ps(a, first_half, b), second = _mm512_permutex2var_ps(a, second_half, b);
+    if (bias) {
+      first = _mm512_add_ps(first, bias_lo);
+      second = _mm512_add_ps(second, bias_hi);
+    }
+    _mm512_mask_storeu_ps(y + row * n, lo, first);
+    _mm512_mask_storeu_ps(y + row * n + 16, hi, second);
+  }
+}
+
 // y = x @ panels (+ bias) on AMX tiles.
 void amx_linear(const float* xp, int64_t m, int64_t k, const uint16_t* hp, int64_t stride, int64_t n, const float* bp,
                 float* yp) {
@@ -555,15 +575,7 @@ void amx_linear(const float* xp, int64_t m, int64_t k, const uint16_t* hp, int64
     uint16_t* b = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
     for (int64_t p; (p = claim()) >= 0;) {
       amx_panel(xa, m16, blocks, hp + p * stride, k, b, acc.data());
-      const int64_t cols = std::min(kPanel, n - p * kPanel);
-      for (int64_t row = 0; row < m; ++row) {
-        const float* chain = acc.data() + row * kPanel;
-        float* out = yp + row * n + p * kPanel;
-        for (int64_t j = 0; j < cols; ++j) {
-          const float value = chain[kDotPlaces[j / 16][j % 16]];
-          out[j] = bp ? value + bp[p * kPanel + j] : value;
-        }
-      }
+      amx_outputs(acc.data(), m, std::min(kPanel, n - p * kPanel), bp ? bp + p * kPanel : nullptr, yp + p * kPanel, n);
     }
     amx_release();
   });
