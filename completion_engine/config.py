@@ -12,7 +12,8 @@ class EngineConfig:
     target: str = DEFAULT_TARGET  # "smollm2-135m", a Hugging Face id, a local folder or a .gguf file
     draft_model: str | None = None  # same forms as target; needed by the "model" and "hybrid" drafters
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
-    # "auto" (bf16 on a GPU, float32 on a CPU: models.resolve_dtype) | "bfloat16" | "float16" | "float32"
+    # "auto" (bf16 on a GPU, float32 on a CPU but bf16 with AMX where the row-invariant kernel is off:
+    # models.resolve_dtype) | "bfloat16" | "float16" | "float32"
     dtype: str = "auto"
     exact: bool = True  # shape-bucketed forward: speculative output bit-identical to plain decoding
     max_draft: int = 10  # k: tokens drafted per step (at most DECODE_ROWS - 1 in exact mode)

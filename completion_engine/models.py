@@ -55,9 +55,11 @@ def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype
     CPU with AMX, float32 elsewhere.
 
     Measured with SmolLM2-135M, 2k context, two threads (`python -m eval.bench_forward --dtype ...`):
-    on an Intel Xeon with AMX, float32 on the kernel (AMX tiles) against bf16 in torch (oneDNN, AMX): a
-    decode step 23.7 against 47.3 ms, a verify block of 11 tokens 37.3 against 67.9 ms, a prefill
-    1,189 against 194 tokens/s (torch's bf16 runs in the runner's padded row buckets there). On an
+    on an Intel Xeon with AMX, float32 on the kernel (bf16 dot mode, before its AMX tiles) against
+    bf16 in torch (oneDNN, AMX; the runner's padded row buckets), one run each: a decode step 18.2
+    against 47.3 ms, a verify block of 11 tokens 42.7 against 67.9 ms, a prefill 581 against 194
+    tokens/s; with the kernel's AMX tiles since, 18.6 ms, 29.0 ms and 1,367 tokens/s (README,
+    session 20). On an
     AVX2-only CPU (AMD EPYC), one thread, a bf16 matmul is emulated: an exact decode step took 786 ms
     in bf16 at a 3k context, 108 ms in float32 at 2k. On AVX512-BF16 without AMX (AMD EPYC, Zen 4), two
     threads: a decode step 13.1 against 51.4 ms, a verify block of 11 tokens 39.8 against 93.9 ms, a
@@ -68,8 +70,9 @@ def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype
     if dtype == "auto":
         if device is None or device.type != "cpu":
             return torch.bfloat16
-        kernel_runs = row_invariant.enabled() and {"avx2", "fma"} <= cpu_flags()
-        return torch.bfloat16 if cpu_has_bf16_tiles() and not kernel_runs else torch.float32
+        if cpu_has_bf16_tiles() and not row_invariant.usable(torch.float32, device):
+            return torch.bfloat16  # torch's AMX kernels beat its float32 ones
+        return torch.float32
     try:
         return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
     except KeyError:

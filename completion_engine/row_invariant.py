@@ -106,7 +106,8 @@ head) x 32 keys or value columns, as the Linears' verify tiles: the same chains,
 (tested against the AVX2 tiles). The whole forward at a 2,000-token context on an Intel Xeon (AMX
 numerics), 512-bit and AVX2 tiles interleaved in one process, best of 7 (`/tmp` script): a verify
 block of 11 tokens 35.1 -> 31.8 ms on two threads, 58.6 -> 52.5 on one; 4 tokens 23.6 -> 22.8 and
-41.9 -> 40.3; a step unchanged (20.3, 35.4).
+41.9 -> 40.3; a step unchanged (20.3, 35.4); a cold 2,000-token prefill 1.54 -> 1.24 s (two threads,
+best of 4, alternating; `/tmp` script).
 
 The small steps of a layer (`rms_norm`, `rotary`, `silu_mul`) are kernel calls too, each a fixed
 function of its own row: about 25 torch ops a layer became three calls (per layer and 1 row, some
@@ -280,7 +281,10 @@ def _load(directory: Path) -> ModuleType | None:
     if mode == "avx2":
         module.set_wide_tiles(False)  # 256-bit verify blocks on an AVX-512 CPU: the same bits, to compare
     module.set_bf16_dot(mode not in ("avx2", "float32") and cpu_multiplies_bf16())
-    module.set_amx(mode not in ("avx2", "float32", "dot") and "amx_bf16" in cpu_flags())
+    wants_amx = mode not in ("avx2", "float32", "dot") and "amx_bf16" in cpu_flags()
+    module.set_amx(wants_amx)
+    if wants_amx and not module.amx():
+        logger.warning("row-invariant kernel: no AMX tiles (%s); vdpbf16ps instead", module.amx_unavailable())
     return module
 
 
@@ -290,11 +294,6 @@ def bf16_dot() -> bool:
         return False
     module = kernel()
     return module is not None and module.bf16_dot()
-
-
-def amx() -> bool:
-    """Whether the bf16 dot mode multiplies on AMX tiles (AMX-BF16; see above)."""
-    return bf16_dot() and kernel().amx()
 
 
 NUMERICS = ("float32", "bf16dot", "amx")
@@ -314,7 +313,8 @@ def numerics_mode(name: str | None) -> Iterator[str]:
     """Run a block with Linears over bf16 panels multiplying as `name` (one of NUMERICS) says, as far
     as the CPU can (None: as they do); yields numerics() inside, so a caller sees what it got.
 
-    Caches computed under other numerics hold other bits: a block builds its own runners.
+    Caches computed under other numerics hold other bits: a block builds its own runners. The
+    setting is the process's: a forward on another thread meanwhile would mix numerics.
     """
     if name is not None and name not in NUMERICS:
         raise ValueError(f"unknown numerics {name!r}; choose one of {', '.join(NUMERICS)}")

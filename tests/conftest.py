@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
 
+from completion_engine import row_invariant
 from completion_engine.models import LoadedModel
 from completion_engine.tiny import build_model, build_tokenizer
 from completion_engine.weights import decoder_weights_from_hf
@@ -14,6 +17,24 @@ from completion_engine.weights import decoder_weights_from_hf
 # Tiny models: one thread avoids OpenMP spin-waits when cores are shared; servers started by tests inherit it.
 os.environ.setdefault("SPEC_COMPLETE_THREADS", "1")
 torch.set_num_threads(1)
+
+
+NUMERICS_FLAGS = {"float32": None, "bf16dot": "avx512_bf16", "amx": "amx_bf16"}  # the CPU flag each needs
+
+
+@contextmanager
+def numerics_or_skip(name: str | None) -> Iterator[str]:
+    """row_invariant.numerics_mode(name), skipping the test where the CPU lacks what it needs; where the
+    CPU has it but the kernel did not take it (Linux refused AMX's tile state, say), the test fails."""
+    with row_invariant.numerics_mode(name) as got:
+        if name is not None and got != name:
+            flag = NUMERICS_FLAGS[name]
+            if flag is not None and flag not in row_invariant.cpu_flags():
+                pytest.skip(f"the CPU has no {flag}: no {name} numerics")
+            kernel = row_invariant.kernel()
+            why = kernel.amx_unavailable() if kernel is not None and name == "amx" else ""
+            pytest.fail(f"the CPU has what {name} needs, but the kernel runs {got} {why}".rstrip())
+        yield got
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <string>
 #include <atomic>
 #include <limits>
 #include <cmath>
@@ -402,24 +404,33 @@ DOT_TILES void dot_tiles(const uint16_t* xb, int64_t m, int64_t k, const uint16_
 // of vdpbf16ps: the input rows, rounded to bf16 as above and zero-padded to whole tiles (16 rows x 32
 // k), against a panel's k pairs interleaved into two 16 x 16 column tiles, each output one fixed chain
 // of tdpbf16ps steps over k blocks of 32, in order, from zero (each step adds the block's 16 pairs in
-// the instruction's own order and rounding, denormals flushed). A tile always has 16 rows and every
-// output row is computed from its own input row alone, so a row gets the same bits in a 1-row step as
-// in any block: row-invariant, but neither the fma chains' nor vdpbf16ps's bits. A 16 x 16 x 32
-// product a step: a prefill block multiplies ~8x faster than with vdpbf16ps, and a verify block's
-// rows come almost free next to reading the weights.
+// the instruction's own order and rounding, denormals flushed). Every output row is computed from its
+// own input row alone, in a tile of any height (a call of fewer than 16 rows configures its tiles that
+// high: kTileConfigs), so a row gets the same bits in a 1-row step as in any block: row-invariant, but
+// neither the fma chains' nor vdpbf16ps's bits. A 16 x 16 x 32 product a step: a prefill block
+// multiplies ~4x faster than with vdpbf16ps, and a verify block's rows come almost free next to
+// reading the weights.
 #define AMX_TILES __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 constexpr int64_t kAmxRows = 16, kAmxK = 32;  // a tile: 16 rows x 64 bytes (32 bf16, or 16 floats)
 std::atomic<bool> amx_on{false};
 
-// Linux gives a process AMX's tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM); -> granted.
-bool amx_permitted() {
-  static const bool permitted = [] {
+// Whether this process may use AMX-BF16 tiles: the CPU has them (and the AVX-512 parts the inputs and
+// outputs use), and Linux granted the tile state, which it gives a process only when asked (arch_prctl
+// ARCH_REQ_XCOMP_PERM; refused before Linux 5.16). -> "" where it may, else why not.
+const std::string& amx_refusal() {
+  static const std::string refusal = []() -> std::string {
     unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return false;  // AMX-BF16, AMX-TILE
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))  // AMX-BF16, AMX-TILE
+      return "the CPU has no AMX-BF16";
+    if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
+        !__builtin_cpu_supports("avx512bf16"))
+      return "the CPU lacks AVX512-BW, -VL or -BF16";
     constexpr long kRequestPermission = 0x1023, kTileData = 18;
-    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+    if (syscall(SYS_arch_prctl, kRequestPermission, kTileData) != 0)
+      return std::string("Linux refused the AMX tile state (arch_prctl: ") + std::strerror(errno) + ")";
+    return "";
   }();
-  return permitted;
+  return refusal;
 }
 
 // ldtilecfg's 64 bytes: palette 1; tiles 0-7 of 64 bytes a row, 16 rows but for the first row tile's
@@ -475,9 +486,12 @@ AMX_TILES void amx_panel(const uint16_t* xa, int64_t m16, int64_t blocks, const 
   if (!streamed)
     for (int64_t block = 0; block < blocks; ++block)
       amx_interleave(panel, k, block * kAmxK, (block + 1) * kAmxK, b + 2 * block * kAmxTile);
+  asm volatile("" ::: "memory");  // as in tiles_of
   const auto tiles_of = [&](int64_t block) {  // the block's B tiles, interleaved now where streamed
     uint16_t* at = b + 2 * (streamed ? block % 2 : block) * kAmxTile;
     if (streamed) amx_interleave(panel, k, block * kAmxK, (block + 1) * kAmxK, at);
+    // GCC's _tile_loadd is an asm with no memory operand: keep the stores above before the loads
+    asm volatile("" ::: "memory");
     return at;
   };
   int64_t row = 0;
@@ -1147,8 +1161,9 @@ torch::Tensor layer(const torch::Tensor& x, const torch::Tensor& input_norm, con
   return h + linear(act, panels[3], out_features[3], biases[3]);
 }
 
-// Turns the 512-bit verify tiles on (where the CPU has AVX-512) or off. The bits are the same either
-// way: to compare the two, and for the test that says so. -> whether they were on before (to restore).
+// Turns the 512-bit tiles on (where the CPU has AVX-512) or off: the Linears' verify tiles and
+// attention's tiles (in every call, prefill included). The bits are the same either way: to compare
+// the two, and for the tests that say so. -> whether they were on before (to restore).
 bool set_wide_tiles(bool on) {
   return wide_tiles_on.exchange(on && __builtin_cpu_supports("avx512f"));
 }
@@ -1165,18 +1180,22 @@ bool bf16_dot() { return bf16_dot_on.load(); }
 
 // Turns AMX tiles for the bf16 dot mode on (where the CPU has AMX-BF16 and Linux grants its tile
 // state) or off; -> whether they were on before. As with set_bf16_dot, caches of the other setting are stale.
-bool set_amx(bool on) { return amx_on.exchange(on && amx_permitted()); }
+bool set_amx(bool on) { return amx_on.exchange(on && amx_refusal().empty()); }
+
+// Why AMX tiles cannot be used here ("" where they can).
+std::string amx_unavailable() { return amx_refusal(); }
 
 bool amx() { return amx_on.load(); }
 
 // Both release the GIL while they compute, as torch's own ops do: the language server's event loop
 // and other Python threads keep running while the model worker multiplies.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
-  module.def("set_wide_tiles", &set_wide_tiles, "512-bit verify tiles on (where the CPU has AVX-512) or off");
+  module.def("set_wide_tiles", &set_wide_tiles, "512-bit tiles (verify blocks, attention) on (with AVX-512) or off");
   module.def("set_bf16_dot", &set_bf16_dot, "bf16 inputs and vdpbf16ps for bf16 panels (AVX512-BF16) on or off");
   module.def("bf16_dot", &bf16_dot, "whether the bf16 dot mode is on");
   module.def("set_amx", &set_amx, "AMX tiles for the bf16 dot mode (AMX-BF16) on or off");
   module.def("amx", &amx, "whether the bf16 dot mode multiplies on AMX tiles");
+  module.def("amx_unavailable", &amx_unavailable, "why AMX tiles cannot be used here (empty where they can)");
   module.def("pack", &pack, "weight [N, K] -> panels [ceil(N / 32), K, 32]",
              pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("pack_bf16", &pack_bf16, "weight [N, K] of bf16 values -> bfloat16 panels [ceil(N / 32), K, 32]",

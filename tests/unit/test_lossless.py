@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from completion_engine import row_invariant
 from completion_engine.config import EngineConfig
 from completion_engine.engine import CompletionEngine
 from completion_engine.models import LoadedModel
 from completion_engine.types import Draft, Request
+from tests.conftest import numerics_or_skip
 
 PROMPTS = 10
 
@@ -73,9 +73,7 @@ def models(request) -> Iterator[tuple[LoadedModel, LoadedModel]]:
     vdpbf16ps (AVX512-BF16) and on AMX tiles (AMX-BF16)."""
     if request.param.startswith("bf16-"):
         numerics = {"bf16-dot": "bf16dot", "bf16-amx": "amx"}[request.param]
-        with row_invariant.numerics_mode(numerics) as got:
-            if got != numerics:
-                pytest.skip(f"the CPU cannot multiply as {numerics} (AVX512-BF16, AMX-BF16)")
+        with numerics_or_skip(numerics):
             yield (
                 request.getfixturevalue("tiny_target_fp32_bf16_valued"),
                 request.getfixturevalue("tiny_near_draft_fp32"),

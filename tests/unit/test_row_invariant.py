@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from completion_engine import row_invariant
 from completion_engine.runner import DecoderRunner
+from tests.conftest import numerics_or_skip
 
 CPU = torch.device("cpu")
 
@@ -147,25 +145,18 @@ def test_bf16_valued_weights_pack_into_bf16_panels_with_the_bits_of_float32_ones
         torch.set_num_threads(threads)
 
 
-@contextmanager
-def bf16_numerics(name: str) -> Iterator[None]:
-    """A block in the bf16 numerics `name` ("bf16dot": vdpbf16ps, "amx": AMX tiles); skips where the
-    CPU lacks it."""
-    with row_invariant.numerics_mode(name) as got:
-        if got != name:
-            pytest.skip(f"the CPU cannot multiply as {name} (AVX512-BF16, AMX-BF16)")
-        yield
-
-
 BF16_NUMERICS = ["bf16dot", "amx"]
 
 
 @pytest.mark.parametrize("numerics", BF16_NUMERICS)
-@pytest.mark.parametrize("out_features, in_features", [(100, 300), (576, 1536), (45, 64), (40, 34)])
+@pytest.mark.parametrize(
+    "out_features, in_features", [(100, 300), (576, 1536), (45, 64), (40, 34), (57, 300), (48, 34)]
+)
 def test_the_bf16_dot_mode_multiplies_bf16_inputs_and_gives_a_row_the_same_bits_in_any_company(
     numerics, out_features, in_features
 ):
-    # amx: k = 300 and 34 end in a part block of 32, 130 rows in a part tile of 16
+    # amx: k = 300 and 34 end in a part block of 32, 130 rows in a part tile of 16; 57 and 48 outputs:
+    # a last panel of 25 and 16 columns
     # k = 300: three k blocks (the chains park between them); 45 outputs: a part panel
     generator = torch.Generator().manual_seed(in_features)
     weight = torch.randn(out_features, in_features, generator=generator).bfloat16().float()
@@ -175,7 +166,7 @@ def test_the_bf16_dot_mode_multiplies_bf16_inputs_and_gives_a_row_the_same_bits_
     x = torch.randn(130, in_features, generator=generator)
     threads = torch.get_num_threads()
     try:
-        with bf16_numerics(numerics):
+        with numerics_or_skip(numerics):
             reference = torch.cat([linear(row[None]) for row in x])  # one row per call
             exact = x.bfloat16().double() @ weight.double().T + bias.double()  # the rounded inputs' product
             assert torch.allclose(reference.double(), exact, atol=1e-4, rtol=1e-4)
@@ -203,7 +194,7 @@ def test_the_bf16_dot_mode_leaves_float32_panels_and_odd_widths_to_the_float32_c
         x = torch.randn(9, width, generator=generator)
         with row_invariant.numerics_mode("float32"):
             expected = linear(x)
-        with bf16_numerics(numerics):
+        with numerics_or_skip(numerics):
             assert torch.equal(linear(x), expected)
 
 

@@ -22,6 +22,7 @@ from completion_engine.runner import (
 )
 from completion_engine.tiny import build_model
 from completion_engine.weights import decoder_weights_from_hf
+from tests.conftest import numerics_or_skip
 
 
 def tokens(count: int, vocab: int, seed: int = 0) -> list[int]:
@@ -73,9 +74,7 @@ def runner_factory(request) -> Iterator[RunnerFactory]:
     """The factory for the precision named by request.param, in its numerics while the test runs."""
     fixture, options, numerics = PRECISIONS[request.param]
     factory = RunnerFactory(request.getfixturevalue(fixture), options)
-    with row_invariant.numerics_mode(numerics) as got:  # None: the process's own
-        if numerics is not None and got != numerics:
-            pytest.skip(f"the CPU cannot multiply as {numerics} (AVX512-BF16, AMX-BF16)")
+    with numerics_or_skip(numerics):  # None: the process's own
         yield factory
 
 
