@@ -59,13 +59,12 @@ def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype
     bf16 in torch (oneDNN, AMX; the runner's padded row buckets), one run each: a decode step 18.2
     against 47.3 ms, a verify block of 11 tokens 42.7 against 67.9 ms, a prefill 581 against 194
     tokens/s; with the kernel's AMX tiles since, 18.6 ms, 29.0 ms and 1,367 tokens/s (README,
-    session 20). On an
-    AVX2-only CPU (AMD EPYC), one thread, a bf16 matmul is emulated: an exact decode step took 786 ms
-    in bf16 at a 3k context, 108 ms in float32 at 2k. On AVX512-BF16 without AMX (AMD EPYC, Zen 4), two
-    threads: a decode step 13.1 against 51.4 ms, a verify block of 11 tokens 39.8 against 93.9 ms, a
-    prefill 640 against 600 tokens/s. The KV cache is float32 (twice bf16's), and memory is
-    float32's cost: the float32 weights plus their bf16 panels, about 3x the bf16 weights; for a large
-    target on a small machine pass --dtype bfloat16.
+    session 20). On an AVX2-only CPU (AMD EPYC), one thread, a bf16 matmul is emulated: an exact
+    decode step took 786 ms in bf16 at a 3k context, 108 ms in float32 at 2k. On AVX512-BF16 without
+    AMX (AMD EPYC, Zen 4), two threads: a decode step 13.1 against 51.4 ms, a verify block of 11
+    tokens 39.8 against 93.9 ms, a prefill 640 against 600 tokens/s. The KV cache is float32 (twice
+    bf16's), and memory is float32's cost: the float32 weights plus their bf16 panels, about 3x the
+    bf16 weights; for a large target on a small machine pass --dtype bfloat16.
     """
     if dtype == "auto":
         if device is None or device.type != "cpu":
