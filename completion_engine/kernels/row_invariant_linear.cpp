@@ -535,11 +535,13 @@ AMX_TILES void amx_panel(const uint16_t* xa, int64_t m16, int64_t blocks, const 
 AMX_TILES void amx_release() { _tile_release(); }
 
 // x rounded to bf16 (to nearest even; vcvtneps2bf16, whose flushed denormals tdpbf16ps would flush
-// anyway) into xa [m16, blocks * 32], zero past x's m rows and k columns.
+// anyway) into xa [m16, blocks * 32], zero past x's k columns and, where the tiles read them (16 rows
+// and more: amx_configure), past its m rows.
 AMX_TILES void amx_inputs(const float* x, int64_t m, int64_t k, int64_t m16, int64_t blocks, uint16_t* xa) {
-  const int64_t width = blocks * kAmxK;
-  std::memset(xa, 0, m16 * width * sizeof(uint16_t));
+  const int64_t width = blocks * kAmxK, read = m < kAmxRows ? m : m16;
+  std::memset(xa + m * width, 0, (read - m) * width * sizeof(uint16_t));
   for (int64_t row = 0; row < m; ++row) {
+    std::memset(xa + row * width + k, 0, (width - k) * sizeof(uint16_t));
     int64_t i = 0;
     for (; i + 16 <= k; i += 16)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(xa + row * width + i),
