@@ -331,6 +331,12 @@ def numerics_mode(name: str | None) -> Iterator[str]:
         module.set_bf16_dot(dot_before)
 
 
+def cache_dtype(linears_bf16: bool) -> torch.dtype:
+    """The dtype of a kernel runner's KV cache: bfloat16 where its Linears multiply on AMX (bf16 panels,
+    numerics() "amx"), so that attention runs on AMX too and reads half the bytes; else float32."""
+    return torch.bfloat16 if linears_bf16 and numerics() == "amx" else torch.float32
+
+
 def usable(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether runners with this dtype and device multiply with the kernel (builds it if needed)."""
     return dtype == torch.float32 and device.type == "cpu" and enabled() and kernel() is not None
@@ -368,6 +374,10 @@ def attention(
     written at position start + i, parents[i] < i (parents[0] == -1). Node i attends to positions
     [0, start) and then to its root-to-node path (lengths[i] == start + depth + 1), with the bits it
     would get were that path written at start, start + 1, ...: one call verifies the whole tree.
+
+    A bfloat16 cache (the amx numerics' cache: `cache_dtype`) is read on AMX tiles: q and the
+    probabilities rounded to bf16, each score and output one chain of tdpbf16ps over blocks of 32;
+    row-invariant too (the kernel's comment says why), with other bits. An error where AMX is off.
     """
     parents, start = tree if tree is not None else (None, 0)
     return kernel().attention(q, keys, values, lengths, scale, parents, start)

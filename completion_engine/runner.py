@@ -249,12 +249,14 @@ class DecoderRunner:
             if self.any_schedule
             else []
         )
+        # on the kernel with AMX Linears, a bf16 cache: attention on AMX too (row_invariant.attention)
+        linears_bf16 = bool(self._layer_panels) and self._layer_panels[0].panels[0].dtype == torch.bfloat16
         self.cache = KVCache(
             s.n_layers,
             s.n_kv_heads,
             s.head_dim,
             capacity + DECODE_ROWS,
-            self.dtype,
+            row_invariant.cache_dtype(linears_bf16) if self.any_schedule else self.dtype,
             self.device,
             panels=self.any_schedule,
         )

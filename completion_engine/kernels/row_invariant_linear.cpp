@@ -458,14 +458,22 @@ alignas(64) constexpr TileConfig kTileConfigs[kAmxRows + 1] = {
 // panel's column halves. Each thread configures its own tiles, for a call of m rows.
 AMX_TILES void amx_configure(int64_t m) { _tile_loadconfig(&kTileConfigs[std::min(m, kAmxRows)]); }
 
-// k pairs [kk0, kk1) of a bf16 panel [k, 32] (within one block of 32 k) -> the block's two AMX tiles
+// A panel row's 32 values as bf16: loaded (bf16 panels), or float32 rounded to nearest even (the KV
+// cache's panels, read by attention on AMX: vcvtne2ps2bf16, as amx_inputs rounds the inputs).
+AMX_TILES inline __m512i load_pairs_row(const uint16_t* row) { return _mm512_loadu_si512(row); }
+AMX_TILES inline __m512i load_pairs_row(const float* row) {
+  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + 16), _mm512_loadu_ps(row));
+}
+
+// k pairs [kk0, kk1) of a panel [k, 32] (within one block of 32 k) -> the block's two AMX tiles
 // at out: 16 k pairs x 16 dwords each, a dword the pair (w[k][c], w[k + 1][c]) of one column c (k past
 // the weight's is zero). The first tile holds columns 8L + i, the second 8L + 4 + i, in dword 4L + i
 // (L < 4, i < 4): unpacklo/hi's order, which the outputs undo through kDotPlaces.
-AMX_TILES inline void amx_interleave(const uint16_t* panel, int64_t k, int64_t kk0, int64_t kk1, uint16_t* out) {
+template <typename W>
+AMX_TILES inline void amx_interleave(const W* panel, int64_t k, int64_t kk0, int64_t kk1, uint16_t* out) {
   for (int64_t kk = kk0; kk < kk1; kk += 2) {
-    const __m512i a = kk < k ? _mm512_loadu_si512(panel + kk * kPanel) : _mm512_setzero_si512();
-    const __m512i b = kk + 1 < k ? _mm512_loadu_si512(panel + (kk + 1) * kPanel) : _mm512_setzero_si512();
+    const __m512i a = kk < k ? load_pairs_row(panel + kk * kPanel) : _mm512_setzero_si512();
+    const __m512i b = kk + 1 < k ? load_pairs_row(panel + (kk + 1) * kPanel) : _mm512_setzero_si512();
     uint16_t* row = out + (kk % kAmxK) / 2 * kPanel;
     _mm512_store_si512(row, _mm512_unpacklo_epi16(a, b));
     _mm512_store_si512(row + kAmxRows * kPanel, _mm512_unpackhi_epi16(a, b));
@@ -474,14 +482,16 @@ AMX_TILES inline void amx_interleave(const uint16_t* panel, int64_t k, int64_t k
 
 constexpr int64_t kAmxTile = kAmxRows * kPanel;  // a B tile's bf16 elements (1 KiB)
 
-// Rows [0, m16) of xa (bf16, [m16, blocks * 32], m16 a multiple of 16) against one bf16 panel ->
-// acc [m16][32] (columns in the tiles' order). Up to 32 rows (a step, a verify block) interleave each
-// block just before its products, into a ring of two blocks that stays in L1; more rows (prefill)
-// interleave the whole panel into b first and run two row tiles at a time over it. An output row is
-// the same chain over the blocks either way.
-AMX_TILES void amx_panel(const uint16_t* xa, int64_t m16, int64_t blocks, const uint16_t* panel, int64_t k,
+// Rows [0, m16) of xa (bf16, rows lda elements apart, m16 a multiple of 16) over k blocks [0, blocks)
+// against one panel (bf16, or float32 rounded as it is read) -> acc [m16][32] (columns in the tiles'
+// order). Up to 32 rows (a step, a verify block) interleave each block just before its products,
+// into a ring of two blocks that stays in L1; more rows (prefill) interleave the whole panel into b
+// first and run two row tiles at a time over it. An output row is the same chain over the blocks
+// either way.
+template <typename W>
+AMX_TILES void amx_panel(const uint16_t* xa, int64_t lda, int64_t m16, int64_t blocks, const W* panel, int64_t k,
                          uint16_t* b, float* acc) {
-  const int64_t ld = blocks * kAmxK * 2;  // bytes per input row
+  const int64_t ld = lda * 2;  // bytes per input row
   const bool streamed = m16 <= 2 * kAmxRows;
   if (!streamed)
     for (int64_t block = 0; block < blocks; ++block)
@@ -502,8 +512,8 @@ AMX_TILES void amx_panel(const uint16_t* xa, int64_t m16, int64_t blocks, const 
     _tile_zero(3);
     for (int64_t block = 0; block < blocks; ++block) {
       const uint16_t* bb = tiles_of(block);
-      _tile_loadd(4, xa + row * blocks * kAmxK + block * kAmxK, ld);
-      _tile_loadd(5, xa + (row + kAmxRows) * blocks * kAmxK + block * kAmxK, ld);
+      _tile_loadd(4, xa + row * lda + block * kAmxK, ld);
+      _tile_loadd(5, xa + (row + kAmxRows) * lda + block * kAmxK, ld);
       _tile_loadd(6, bb, 64);
       _tile_loadd(7, bb + kAmxTile, 64);
       _tile_dpbf16ps(0, 4, 6);
@@ -521,7 +531,7 @@ AMX_TILES void amx_panel(const uint16_t* xa, int64_t m16, int64_t blocks, const 
     _tile_zero(1);
     for (int64_t block = 0; block < blocks; ++block) {
       const uint16_t* bb = tiles_of(block);
-      _tile_loadd(4, xa + row * blocks * kAmxK + block * kAmxK, ld);
+      _tile_loadd(4, xa + row * lda + block * kAmxK, ld);
       _tile_loadd(6, bb, 64);
       _tile_loadd(7, bb + kAmxTile, 64);
       _tile_dpbf16ps(0, 4, 6);
@@ -530,6 +540,7 @@ AMX_TILES void amx_panel(const uint16_t* xa, int64_t m16, int64_t blocks, const 
     _tile_stored(0, acc + row * kPanel, kPanel * 4);
     _tile_stored(1, acc + row * kPanel + 16, kPanel * 4);
   }
+  asm volatile("" ::: "memory");  // nor has _tile_stored: keep later reads of acc after the stores
 }
 
 AMX_TILES void amx_release() { _tile_release(); }
@@ -590,7 +601,7 @@ void amx_linear(const float* xp, int64_t m, int64_t k, const uint16_t* hp, int64
     buffer.resize(std::max<size_t>(buffer.size(), (m16 <= 2 * kAmxRows ? 2 : blocks) * 2 * kAmxTile + 32));
     uint16_t* b = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
     for (int64_t p; (p = claim()) >= 0;) {
-      amx_panel(xa, m16, blocks, hp + p * stride, k, b, acc.data());
+      amx_panel(xa, blocks * kAmxK, m16, blocks, hp + p * stride, k, b, acc.data());
       amx_outputs(acc.data(), m, std::min(kPanel, n - p * kPanel), bp ? bp + p * kPanel : nullptr, yp + p * kPanel, n);
     }
     amx_release();
@@ -728,7 +739,7 @@ constexpr int64_t kFewRows = 8;
 // The cache of one layer as attention reads it, and the rows asking.
 struct AttentionCall {
   const float* q;  // [rows, heads, d]
-  const float* keys;
+  const float* keys;  // float32 caches; bf16 ones (attention on AMX): keys16, values16
   int64_t key_head, key_panel;  // strides: keys [kv_heads, panels, d, 32]
   const float* values;
   int64_t value_head, value_panel;  // strides: values [kv_heads, ceil(d / 32), positions, 32]
@@ -740,6 +751,8 @@ struct AttentionCall {
   // it attends to positions [0, start) and then to its root-to-node path, path[i][t] at start + t.
   const std::vector<std::vector<int64_t>>* paths = nullptr;
   int64_t start = 0;
+  const uint16_t* keys16 = nullptr;
+  const uint16_t* values16 = nullptr;
 };
 
 // Where key t of a tree node's row lies in the cache: its own place, or (past `start`) the place of
@@ -861,6 +874,283 @@ void attention_few(const AttentionCall& a) {
   });
 }
 
+
+// Attention on AMX tiles, where the Linears multiply on them (the amx numerics: `layer` takes it then,
+// `attention` when asked). q and the cache's keys are rounded to bf16 (nearest even) as they are read;
+// each score is one chain of tdpbf16ps over d in blocks of 32 from zero, times scale; the softmax is
+// softmax_row's (float32, a function of the row's own scores); the probabilities are rounded to bf16
+// and each output is one chain of tdpbf16ps over the keys in blocks of 32 from position 0, values
+// rounded as they are read. A row's probabilities are zero past its length and values past the
+// longest row's are read as zeros, so where a chain runs on past a row's own last block it adds exact
+// zeros: a row's bits do not depend on the rows beside it, their count or the threads (an output of
+// exactly -0 could come out +0, the same number). Neither the fma chains' bits nor torch's.
+// A token tree's node scores its path's keys where they lie (a score is a function of its query and
+// key alone) and puts them in path order before its softmax; its outputs run the blocks below the one
+// holding `start` with every row, then the node's own blocks from there, over its path's values
+// gathered in order: the chain that decoding the path one token at a time computes.
+// Three passes over every kv head at once, as attention_few's: scores (items: a kv head's block of
+// kKeyBlock key panels), softmaxes (a slot), outputs (a kv head's value panel).
+
+// Row `row` of amx_panel's acc (the tiles' column order) -> columns 0-15 and 16-31 in order.
+AMX_TILES inline void amx_row(const float* acc, __m512& first, __m512& second) {
+  const __m512 a = _mm512_loadu_ps(acc), b = _mm512_loadu_ps(acc + 16);
+  first = _mm512_permutex2var_ps(a, _mm512_load_si512(kDotPlaces[0]), b);
+  second = _mm512_permutex2var_ps(a, _mm512_load_si512(kDotPlaces[1]), b);
+}
+
+// The chains of rows [0, R) (R as amx_configure set the first row tile) continued over `blocks` more k
+// blocks: xa [R, >= blocks * 32] bf16 (lda apart), b_tiles the blocks' interleaved B tiles (two each),
+// acc [R][32] in the tiles' column order, in and out.
+AMX_TILES void amx_continue(const uint16_t* xa, int64_t lda, int64_t blocks, const uint16_t* b_tiles, float* acc) {
+  asm volatile("" ::: "memory");  // the B tiles and acc were just written: before the tile loads
+  _tile_loadd(0, acc, kPanel * 4);
+  _tile_loadd(1, acc + 16, kPanel * 4);
+  for (int64_t block = 0; block < blocks; ++block) {
+    _tile_loadd(4, xa + block * kAmxK, lda * 2);
+    _tile_loadd(6, b_tiles + 2 * block * kAmxTile, 64);
+    _tile_loadd(7, b_tiles + (2 * block + 1) * kAmxTile, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+  }
+  _tile_stored(0, acc, kPanel * 4);
+  _tile_stored(1, acc + 16, kPanel * 4);
+  asm volatile("" ::: "memory");
+}
+
+// What the steps share: the call, its slots and their buffers: every kv head's (the passes of a step
+// or a verify block), or one kv head's chunk of slots (a prefill block's work items).
+struct AmxAttention {
+  const AttentionCall& a;
+  int64_t group, slots, m16;  // slots (row * group + head in the group) in row tiles of 16
+  int64_t dwidth;             // d rounded up to a k block
+  int64_t width;              // a score / probability row: the keys scored where they lie, in whole panels
+  int64_t shared;             // output blocks every row runs together (a tree: those below `start`)
+  const uint16_t* qa;         // [kv_heads][m16][dwidth] bf16 queries
+  float* scores;              // [kv_heads][slots][width]
+  uint16_t* pa;               // [kv_heads][m16][width] bf16 probabilities
+  int64_t first = 0;          // a chunk: the call's slot that is slot 0 here
+  bool chunk = false;         // the buffers hold one kv head's slots (first ..), not every kv head's
+  const uint16_t* queries(int64_t kv) const { return qa + (chunk ? 0 : kv * m16 * dwidth); }
+  float* score_row(int64_t kv, int64_t s) const { return scores + ((chunk ? 0 : kv * slots) + s) * width; }
+  uint16_t* probs(int64_t kv) const { return pa + (chunk ? 0 : kv * m16 * width); }
+  int64_t row(int64_t s) const { return (first + s) / group; }
+  int64_t head(int64_t kv, int64_t s) const { return kv * group + (first + s) % group; }
+};
+
+// B tiles of up to `blocks` blocks (64-byte aligned, thread-local): a ring of 2 for up to 32 rows
+constexpr int64_t kAmxAlign = 32;  // bf16 elements
+AMX_TILES uint16_t* amx_b_buffer(std::vector<uint16_t>& buffer, int64_t m16, int64_t blocks) {
+  buffer.resize(std::max<size_t>(buffer.size(), (m16 <= 2 * kAmxRows ? 2 : blocks) * 2 * kAmxTile + kAmxAlign));
+  return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+}
+
+// Scores of every slot of kv head `kv` against key panels [p0, p1), scaled, into x.scores.
+AMX_TILES void amx_scores(const AmxAttention& x, int64_t kv, int64_t p0, int64_t p1, std::vector<float>& acc,
+                          std::vector<uint16_t>& buffer) {
+  const AttentionCall& a = x.a;
+  const int64_t dblocks = x.dwidth / kAmxK;
+  acc.resize(std::max<size_t>(acc.size(), x.m16 * kPanel));
+  uint16_t* b = amx_b_buffer(buffer, x.m16, dblocks);
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  for (int64_t p = p0; p < p1; ++p) {
+    amx_panel(x.queries(kv), x.dwidth, x.m16, dblocks, a.keys16 + kv * a.key_head + p * a.key_panel, a.d, b,
+              acc.data());
+    for (int64_t s = 0; s < x.slots; ++s) {
+      __m512 first, second;
+      amx_row(acc.data() + s * kPanel, first, second);
+      float* row = x.score_row(kv, s) + p * kPanel;
+      _mm512_storeu_ps(row, _mm512_mul_ps(first, scale));
+      _mm512_storeu_ps(row + 16, _mm512_mul_ps(second, scale));
+    }
+  }
+}
+
+// exp8's function on 16 lanes (the same polynomial and clamps; NaN stays NaN).
+AMX_TILES inline __m512 exp16(__m512 input) {
+  const __mmask16 nan = _mm512_cmp_ps_mask(input, input, _CMP_UNORD_Q);
+  __m512 x = _mm512_max_ps(_mm512_min_ps(input, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mask_blend_ps(nan, _mm512_mul_ps(y, _mm512_castsi512_ps(bits)), input);
+}
+
+// Lanes j .. j + 15 of a row that lie before its length.
+AMX_TILES inline __mmask16 inside16(int64_t j, int64_t length) {
+  const int64_t inside = std::clamp<int64_t>(length - j, 0, 16);
+  return static_cast<__mmask16>((1u << inside) - 1);
+}
+
+// Slot s of kv head kv: its scores in key order (a tree node's path after `start`), then its softmax
+// as bf16 probabilities into x.pa, zero past its length: exp of each score less the row's maximum,
+// times 1 / their sum (16 lanes over the row's scores in order, the lanes added by one fixed
+// reduction), rounded to nearest even. A function of the row's own scores; a NaN score makes the
+// row's outputs NaN.
+AMX_TILES void amx_softmax(const AmxAttention& x, int64_t kv, int64_t s) {
+  const AttentionCall& a = x.a;
+  const int64_t row = x.row(s), length = a.len[row];
+  float* scores = x.score_row(kv, s);
+  // a path's node t sits at start + path[t] >= start + t: in place, in order, nothing read is overwritten
+  if (a.paths)
+    for (int64_t t = a.start; t < length; ++t) scores[t] = scores[tree_position(a, row, t)];
+  __m512 most = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < length; j += 16) most = _mm512_max_ps(most, _mm512_mask_loadu_ps(most, inside16(j, length), scores + j));
+  const __m512 shift = _mm512_set1_ps(_mm512_reduce_max_ps(most));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < length; j += 16) {
+    const __mmask16 inside = inside16(j, length);
+    const __m512 e = _mm512_maskz_mov_ps(inside, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(inside, scores + j), shift)));
+    _mm512_storeu_ps(scores + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const __m512 inverse = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  uint16_t* probs = x.probs(kv) + s * x.width;
+  for (int64_t j = 0; j < x.width; j += 16) {
+    const __mmask16 inside = inside16(j, length);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(probs + j),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_mul_ps(inside, _mm512_loadu_ps(scores + j), inverse)));
+  }
+}
+
+// Outputs of every slot of kv head kv for value panel c (d columns 32c ..) into a.out.
+AMX_TILES void amx_outputs_of(const AmxAttention& x, int64_t kv, int64_t c, std::vector<float>& acc,
+                              std::vector<uint16_t>& buffer) {
+  const AttentionCall& a = x.a;
+  acc.resize(std::max<size_t>(acc.size(), x.m16 * kPanel));
+  const uint16_t* panel = a.values16 + kv * a.value_head + c * a.value_panel;  // [positions][32]
+  const uint16_t* probs = x.probs(kv);
+  if (x.shared > 0)
+    amx_panel(probs, x.width, x.m16, x.shared, panel, a.paths ? x.shared * kAmxK : a.longest,
+              amx_b_buffer(buffer, x.m16, x.shared), acc.data());
+  else
+    std::fill(acc.begin(), acc.begin() + x.m16 * kPanel, 0.0f);
+  if (a.paths) {  // each node's own blocks from the one holding `start`: its path's values in order
+    const int64_t from = x.shared * kAmxK, tile_rows = std::min(x.slots, kAmxRows);
+    thread_local std::vector<float> chains;
+    thread_local std::vector<uint16_t> gathered, tiles, inputs;
+    for (int64_t row = 0; row < a.rows; ++row) {
+      const int64_t keys = a.len[row] - from, blocks = (keys + kAmxK - 1) / kAmxK;
+      gathered.assign(blocks * kAmxK * kPanel, 0);
+      for (int64_t t = 0; t < keys; ++t)
+        std::copy_n(panel + tree_position(a, row, from + t) * kPanel, kPanel, gathered.data() + t * kPanel);
+      uint16_t* b = amx_b_buffer(tiles, 3 * kAmxRows, blocks);  // room for every block
+      for (int64_t block = 0; block < blocks; ++block)
+        amx_interleave(gathered.data(), keys, block * kAmxK, (block + 1) * kAmxK, b + 2 * block * kAmxTile);
+      inputs.assign(tile_rows * blocks * kAmxK, 0);
+      chains.assign(tile_rows * kPanel, 0.0f);
+      for (int64_t j = 0; j < x.group; ++j) {
+        const int64_t s = row * x.group + j;
+        std::copy_n(probs + s * x.width + from, blocks * kAmxK, inputs.data() + j * blocks * kAmxK);
+        std::copy_n(acc.data() + s * kPanel, kPanel, chains.data() + j * kPanel);
+      }
+      amx_continue(inputs.data(), blocks * kAmxK, blocks, b, chains.data());
+      for (int64_t j = 0; j < x.group; ++j)
+        std::copy_n(chains.data() + j * kPanel, kPanel, acc.data() + (row * x.group + j) * kPanel);
+    }
+  }
+  const int64_t cols = std::min(kPanel, a.d - c * kPanel);
+  const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+  const __mmask16 hi = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  for (int64_t s = 0; s < x.slots; ++s) {
+    __m512 first, second;
+    amx_row(acc.data() + s * kPanel, first, second);
+    float* out = a.out + (x.row(s) * a.heads + x.head(kv, s)) * a.d + c * kPanel;
+    _mm512_mask_storeu_ps(out, lo, first);
+    _mm512_mask_storeu_ps(out + 16, hi, second);
+  }
+}
+
+// A prefill block's work items: a kv head's chunk of kAmxChunk slots (two row tiles), its scores,
+// softmaxes and outputs at once, so that its score rows (kAmxChunk x the keys) stay in L2. Measured
+// (30 layers' attention, 128 rows at 2,000 keys, two threads): 67 ms in three passes over every slot
+// (each score stored into a 9 MB buffer), 38 ms in chunks.
+constexpr int64_t kAmxChunk = 2 * kAmxRows;
+
+AMX_TILES void amx_chunk(const AmxAttention& all, int64_t kv, int64_t first, std::vector<float>& scores,
+                         std::vector<uint16_t>& probs, std::vector<float>& acc, std::vector<uint16_t>& buffer) {
+  const int64_t count = std::min(kAmxChunk, all.slots - first);
+  scores.resize(std::max<size_t>(scores.size(), kAmxChunk * all.width));
+  probs.resize(std::max<size_t>(probs.size(), kAmxChunk * all.width));
+  // the chunk's second row tile past the slots: zero, as the tiles read it
+  std::fill(probs.begin() + count * all.width, probs.begin() + kAmxChunk * all.width, uint16_t{0});
+  AmxAttention x{all.a, all.group, count, (count + kAmxRows - 1) / kAmxRows * kAmxRows, all.dwidth, all.width,
+                 all.shared, all.qa + (kv * all.m16 + first) * all.dwidth, scores.data(), probs.data(), first, true};
+  amx_scores(x, kv, 0, x.width / kPanel, acc, buffer);
+  for (int64_t s = 0; s < count; ++s) amx_softmax(x, kv, s);
+  for (int64_t c = 0; c < (x.a.d + kPanel - 1) / kPanel; ++c) amx_outputs_of(x, kv, c, acc, buffer);
+}
+
+void amx_attention(const AttentionCall& a) {
+  const int64_t group = a.heads / a.kv_heads, slots = a.rows * group;
+  const int64_t m16 = (slots + kAmxRows - 1) / kAmxRows * kAmxRows, dblocks = (a.d + kAmxK - 1) / kAmxK;
+  const int64_t scored = a.paths ? a.start + a.rows : a.longest;  // keys scored where they lie
+  const int64_t width = (scored + kPanel - 1) / kPanel * kPanel, panels = width / kPanel;
+  const bool chunked = a.rows > kHalfRowsMost && !a.paths;
+  thread_local std::vector<float> query, scores;
+  thread_local std::vector<uint16_t> qa, pa;
+  query.resize(std::max<size_t>(query.size(), slots * a.d));
+  qa.resize(std::max<size_t>(qa.size(), a.kv_heads * m16 * dblocks * kAmxK));
+  if (!chunked) {
+    scores.resize(std::max<size_t>(scores.size(), a.kv_heads * slots * width));
+    pa.resize(std::max<size_t>(pa.size(), a.kv_heads * m16 * width));
+  }
+  for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
+    for (int64_t s = 0; s < slots; ++s) {
+      const float* from = a.q + ((s / group) * a.heads + kv * group + s % group) * a.d;
+      std::copy(from, from + a.d, query.data() + s * a.d);
+    }
+    amx_inputs(query.data(), slots, a.d, m16, dblocks, qa.data() + kv * m16 * dblocks * kAmxK);
+    // probability rows past the slots: zero where the tiles read them (16 rows and more: amx_configure)
+    if (!chunked && slots >= kAmxRows)
+      std::fill_n(pa.data() + (kv * m16 + slots) * width, (m16 - slots) * width, uint16_t{0});
+  }
+  const AmxAttention x{a, group, slots, m16, dblocks * kAmxK, width, a.paths ? a.start / kAmxK : panels,
+                       qa.data(), scores.data(), pa.data()};
+  if (chunked) {
+    const int64_t chunks = (slots + kAmxChunk - 1) / kAmxChunk;
+    parallel_items(a.kv_heads * chunks, true, [&](const auto& claim) {
+      amx_configure(slots);
+      thread_local std::vector<float> chunk_scores, acc;
+      thread_local std::vector<uint16_t> chunk_probs, buffer;
+      for (int64_t item; (item = claim()) >= 0;)
+        amx_chunk(x, item / chunks, (item % chunks) * kAmxChunk, chunk_scores, chunk_probs, acc, buffer);
+      amx_release();
+    });
+    return;
+  }
+  const int64_t blocks = (panels + kKeyBlock - 1) / kKeyBlock, value_panels = (a.d + kPanel - 1) / kPanel;
+  const bool dynamic = a.rows > kHalfRowsMost;
+  parallel_items(a.kv_heads * blocks, dynamic, [&](const auto& claim) {
+    amx_configure(slots);
+    thread_local std::vector<float> acc;
+    thread_local std::vector<uint16_t> buffer;
+    for (int64_t item; (item = claim()) >= 0;) {
+      const int64_t kv = item / blocks, p0 = (item % blocks) * kKeyBlock;
+      amx_scores(x, kv, p0, std::min(panels, p0 + kKeyBlock), acc, buffer);
+    }
+    amx_release();
+  });
+  parallel_items(a.kv_heads * slots, dynamic, [&](const auto& claim) {
+    for (int64_t item; (item = claim()) >= 0;) amx_softmax(x, item / slots, item % slots);
+  });
+  parallel_items(a.kv_heads * value_panels, false, [&](const auto& claim) {
+    amx_configure(slots);
+    thread_local std::vector<float> acc;
+    thread_local std::vector<uint16_t> buffer;
+    for (int64_t item; (item = claim()) >= 0;) amx_outputs_of(x, item / value_panels, item % value_panels, acc, buffer);
+    amx_release();
+  });
+}
+
 }  // namespace
 
 // Causal attention of `rows` query rows over the KV cache of one layer, in the panel layout:
@@ -876,12 +1166,18 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
   TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu() && lengths.device().is_cpu(),
               "attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "attention: q [rows, heads, d] contiguous float32");
-  TORCH_CHECK(keys.dim() == 4 && keys.scalar_type() == torch::kFloat32 && keys.size(2) == q.size(2) && keys.size(3) == kPanel &&
-                  keys.stride(3) == 1 && keys.stride(2) == kPanel,
-              "attention: keys [kv_heads, panels, d, 32] float32");
-  TORCH_CHECK(values.dim() == 4 && values.scalar_type() == torch::kFloat32 && values.size(0) == keys.size(0) &&
-                  values.size(1) * kPanel >= q.size(2) && values.size(3) == kPanel && values.stride(3) == 1 && values.stride(2) == kPanel,
-              "attention: values [kv_heads, ceil(d / 32), positions, 32] float32");
+  // a bf16 cache (the amx numerics'): attention on AMX tiles
+  const bool amx = keys.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK((amx || keys.scalar_type() == torch::kFloat32) && values.scalar_type() == keys.scalar_type(),
+              "attention: keys and values both float32, or both bfloat16");
+  TORCH_CHECK(!amx || (amx_on.load() && bf16_dot_on.load()),
+              "attention: a bfloat16 cache is read on AMX tiles, and they are off (row_invariant.numerics)");
+  TORCH_CHECK(keys.dim() == 4 && keys.size(2) == q.size(2) && keys.size(3) == kPanel && keys.stride(3) == 1 &&
+                  keys.stride(2) == kPanel,
+              "attention: keys [kv_heads, panels, d, 32]");
+  TORCH_CHECK(values.dim() == 4 && values.size(0) == keys.size(0) && values.size(1) * kPanel >= q.size(2) &&
+                  values.size(3) == kPanel && values.stride(3) == 1 && values.stride(2) == kPanel,
+              "attention: values [kv_heads, ceil(d / 32), positions, 32]");
   TORCH_CHECK(lengths.dim() == 1 && lengths.scalar_type() == torch::kInt64 && lengths.size(0) == q.size(0),
               "attention: lengths [rows] int64");
   const int64_t rows = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = keys.size(0);
@@ -912,16 +1208,22 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
       TORCH_CHECK(len[node] == start + static_cast<int64_t>(paths.back().size()), "attention: a tree node's length is start + its depth + 1");
     }
   }
-  if (rows <= kFewRows || parents.has_value()) {
+  if (rows <= kFewRows || parents.has_value() || amx) {
     auto out = torch::empty({rows, heads * d}, q.options());
-    AttentionCall call{q.data_ptr<float>(), keys.data_ptr<float>(), keys.stride(0), keys.stride(1), values.data_ptr<float>(),
-                       values.stride(0), values.stride(1), len, rows, heads, kv_heads, d, longest, static_cast<float>(scale),
-                       out.data_ptr<float>()};
+    AttentionCall call{q.data_ptr<float>(), amx ? nullptr : keys.data_ptr<float>(), keys.stride(0), keys.stride(1),
+                       amx ? nullptr : values.data_ptr<float>(), values.stride(0), values.stride(1), len, rows, heads,
+                       kv_heads, d, longest, static_cast<float>(scale), out.data_ptr<float>()};
     if (parents.has_value()) {
       call.paths = &paths;
       call.start = start;
     }
-    attention_few(call);
+    if (amx) {
+      call.keys16 = reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>());
+      call.values16 = reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>());
+      amx_attention(call);
+    } else {
+      attention_few(call);
+    }
     return out;
   }
   const int64_t group = heads / kv_heads, slots = rows * group;
@@ -1109,27 +1411,38 @@ torch::Tensor silu_mul(const torch::Tensor& input) {
 // Keys and values of `rows` positions from `start` into one layer's panel-layout cache (kv.KVCache with
 // panels): keys [kv_heads, panels, d, 32] take k [rows, kv_heads, d] transposed per panel of 32
 // positions; values [kv_heads, value panels, positions, 32] take v (rows of qkv's v part) with zeros past d.
+// A bf16 cache (T = at::BFloat16) takes them rounded to nearest even, as torch's .to(bfloat16).
+template <typename T>
+void write_kv_as(const torch::Tensor& k, const float* v, int64_t v_stride, torch::Tensor& keys, torch::Tensor& values,
+                 int64_t start) {
+  const int64_t rows = k.size(0), kv_heads = k.size(1), d = k.size(2);
+  const float* kp = k.data_ptr<float>();
+  T* keys_p = keys.data_ptr<T>();
+  T* values_p = values.data_ptr<T>();
+  for (int64_t h = 0; h < kv_heads; ++h)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t position = start + r, panel = position / kPanel, column = position % kPanel;
+      T* key_panel = keys_p + h * keys.stride(0) + panel * keys.stride(1) + column;
+      const float* kr = kp + (r * kv_heads + h) * d;
+      for (int64_t i = 0; i < d; ++i) key_panel[i * kPanel] = static_cast<T>(kr[i]);
+      const float* vr = v + r * v_stride + h * d;
+      for (int64_t c = 0; c < values.size(1); ++c) {
+        T* value_row = values_p + h * values.stride(0) + c * values.stride(1) + position * kPanel;
+        for (int64_t j = 0; j < kPanel; ++j) value_row[j] = static_cast<T>(c * kPanel + j < d ? vr[c * kPanel + j] : 0.0f);
+      }
+    }
+}
+
 void write_kv(const torch::Tensor& k, const float* v, int64_t v_stride, torch::Tensor& keys, torch::Tensor& values,
               int64_t start) {
   const int64_t rows = k.size(0), kv_heads = k.size(1), d = k.size(2);
   TORCH_CHECK(keys.size(0) == kv_heads && keys.size(2) == d && (start + rows + kPanel - 1) / kPanel <= keys.size(1) &&
                   start + rows <= values.size(2) && values.size(1) * kPanel >= d,
               "layer: the KV cache does not hold these positions");
-  const float* kp = k.data_ptr<float>();
-  float* keys_p = keys.data_ptr<float>();
-  float* values_p = values.data_ptr<float>();
-  for (int64_t h = 0; h < kv_heads; ++h)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t position = start + r, panel = position / kPanel, column = position % kPanel;
-      float* key_panel = keys_p + h * keys.stride(0) + panel * keys.stride(1) + column;
-      const float* kr = kp + (r * kv_heads + h) * d;
-      for (int64_t i = 0; i < d; ++i) key_panel[i * kPanel] = kr[i];
-      const float* vr = v + r * v_stride + h * d;
-      for (int64_t c = 0; c < values.size(1); ++c) {
-        float* value_row = values_p + h * values.stride(0) + c * values.stride(1) + position * kPanel;
-        for (int64_t j = 0; j < kPanel; ++j) value_row[j] = c * kPanel + j < d ? vr[c * kPanel + j] : 0.0f;
-      }
-    }
+  if (keys.scalar_type() == torch::kBFloat16)
+    write_kv_as<at::BFloat16>(k, v, v_stride, keys, values, start);
+  else
+    write_kv_as<float>(k, v, v_stride, keys, values, start);
 }
 
 // One decoder layer of the exact forward (Llama-style: pre-norms, rotary, GQA, SiLU-gated MLP), the
@@ -1148,9 +1461,10 @@ torch::Tensor layer(const torch::Tensor& x, const torch::Tensor& input_norm, con
   TORCH_CHECK(panels.size() == 4 && out_features.size() == 4 && biases.size() == 4, "layer: four Linears");
   const int64_t rows = x.size(0), d = cos.size(1);
   TORCH_CHECK(0 <= first && first <= end && end <= rows && lengths.size(0) == rows, "layer: rows out of range");
-  TORCH_CHECK(keys.scalar_type() == torch::kFloat32 && values.scalar_type() == torch::kFloat32 && keys.stride(3) == 1 &&
-                  keys.stride(2) == kPanel && values.stride(3) == 1 && values.stride(2) == kPanel,
-              "layer: keys and values in the panel layout");
+  TORCH_CHECK((keys.scalar_type() == torch::kFloat32 || keys.scalar_type() == torch::kBFloat16) &&
+                  values.scalar_type() == keys.scalar_type() && keys.stride(3) == 1 && keys.stride(2) == kPanel &&
+                  values.stride(3) == 1 && values.stride(2) == kPanel,
+              "layer: keys and values in the panel layout, both float32 or both bfloat16");
   const auto qkv = linear(rms_norm(x, input_norm, eps), panels[0], out_features[0], biases[0]);
   const auto qk = rotary(qkv, heads, kv_heads, cos, sin);
   write_kv(qk[1], qkv.data_ptr<float>() + (heads + kv_heads) * d, qkv.size(1), keys, values, start);

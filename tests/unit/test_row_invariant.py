@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -205,20 +207,31 @@ def test_other_weights_keep_float32_panels_and_bf16_panels_refuse_them():
         row_invariant.pack(weight, bf16=True)
 
 
-def filled_cache(kv_heads: int, head_dim: int, positions: int, seed: int):
+def filled_cache(kv_heads: int, head_dim: int, positions: int, seed: int, dtype: torch.dtype = torch.float32):
     """A one-layer panel KV cache holding `positions` random keys and values, and those as [kv, n, d]."""
     from completion_engine.kv import KVCache
 
     generator = torch.Generator().manual_seed(seed)
-    cache = KVCache(1, kv_heads, head_dim, positions, torch.float32, CPU, panels=True)
+    cache = KVCache(1, kv_heads, head_dim, positions, dtype, CPU, panels=True)
     keys, values = torch.randn(2, kv_heads, positions, head_dim, generator=generator)
     cache.write(0, 0, keys, values)
     return cache, keys, values
 
 
+@pytest.fixture(params=["float32", "bfloat16-amx"])
+def cache_dtype(request) -> Iterator[torch.dtype]:
+    """The KV cache's dtype: float32 (attention's fma chains), or bfloat16 as the amx numerics keep it
+    (attention on AMX tiles)."""
+    if request.param == "float32":
+        yield torch.float32
+        return
+    with numerics_or_skip("amx"):
+        yield torch.bfloat16
+
+
 @pytest.mark.parametrize("kv_heads, group, head_dim", [(3, 3, 64), (2, 1, 40), (1, 4, 16)])
-def test_attention_values_are_those_of_softmax_attention(kv_heads, group, head_dim):
-    cache, keys, values = filled_cache(kv_heads, head_dim, 300, seed=head_dim)
+def test_attention_values_are_those_of_softmax_attention(kv_heads, group, head_dim, cache_dtype):
+    cache, keys, values = filled_cache(kv_heads, head_dim, 300, seed=head_dim, dtype=cache_dtype)
     generator = torch.Generator().manual_seed(1)
     q = torch.randn(12, kv_heads * group, head_dim, generator=generator)
     lengths = torch.tensor([1, 2, 31, 32, 33, 100, 128, 129, 200, 255, 299, 300])
@@ -228,18 +241,34 @@ def test_attention_values_are_those_of_softmax_attention(kv_heads, group, head_d
         q[3:8].contiguous(), cache.keys[0], cache.values[0], lengths[3:8], head_dim**-0.5
     )
     assert torch.equal(few, got[3:8])  # a step's passes, as the chunked pass
+    # AMX: q, keys, values and probabilities in bf16 (8 bits of mantissa): the float32 maths' values
+    # to about 1%; the keys and values are the cache's, rounded
+    bf16 = cache_dtype == torch.bfloat16
+    keys, values = keys.to(cache_dtype).float(), values.to(cache_dtype).float()
     for row, length in enumerate(lengths.tolist()):
         for head in range(kv_heads * group):
             kv = head // group
             weights = torch.softmax(q[row, head] @ keys[kv, :length].T * head_dim**-0.5, dim=-1)
             want = weights @ values[kv, :length]
             assert torch.allclose(
-                got[row, head * head_dim : (head + 1) * head_dim], want, atol=1e-5, rtol=1e-4
+                got[row, head * head_dim : (head + 1) * head_dim],
+                want,
+                atol=2e-2 if bf16 else 1e-5,
+                rtol=2e-2 if bf16 else 1e-4,
             )
 
 
-def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_count():
-    cache, _, _ = filled_cache(3, 64, 512, seed=2)
+def test_a_bf16_cache_outside_the_amx_numerics_is_a_clear_error():
+    cache, _, _ = filled_cache(1, 64, 64, seed=4, dtype=torch.bfloat16)
+    with row_invariant.numerics_mode("float32"):
+        with pytest.raises(RuntimeError, match="AMX tiles, and they are off"):
+            row_invariant.attention(
+                torch.randn(1, 1, 64), cache.keys[0], cache.values[0], torch.tensor([9]), 0.125
+            )
+
+
+def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_count(cache_dtype):
+    cache, _, _ = filled_cache(3, 64, 512, seed=2, dtype=cache_dtype)
     q = torch.randn(40, 9, 64, generator=torch.Generator().manual_seed(3))
     lengths = torch.arange(400, 440)  # 40 causal rows, across a panel boundary
     together = row_invariant.attention(q, cache.keys[0], cache.values[0], lengths, 0.125)
@@ -274,9 +303,9 @@ def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_cou
         torch.set_num_threads(threads)
 
 
-def test_attention_never_reads_past_a_rows_own_keys():
+def test_attention_never_reads_past_a_rows_own_keys(cache_dtype):
     # rows of very different lengths share the kernel's tiles; everything past the longest is NaN
-    cache, _, _ = filled_cache(3, 64, 512, seed=6)
+    cache, _, _ = filled_cache(3, 64, 512, seed=6, dtype=cache_dtype)
     cache.keys[0, :, 300 // 32 :] = float("nan")  # panels from 288 on; refill 288..299 below
     cache.values[0, :, :, 288:] = float("nan")
     keys, values = torch.randn(2, 3, 12, 64, generator=torch.Generator().manual_seed(7))
@@ -359,10 +388,12 @@ TREES = [
 @pytest.mark.parametrize("parents", TREES)
 @pytest.mark.parametrize("start", [0, 1, 31, 300])
 @pytest.mark.parametrize("kv_heads, group, head_dim", [(3, 3, 64), (1, 4, 40)])
-def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(parents, start, kv_heads, group, head_dim):
+def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(
+    parents, start, kv_heads, group, head_dim, cache_dtype
+):
     # node i's keys and values sit at start + i; its path's would sit at start, start + 1, ... in a chain
     n, size = len(parents), start + len(parents) + 1  # one position more: NaN, never read
-    cache, _, _ = filled_cache(kv_heads, head_dim, size, seed=11)
+    cache, _, _ = filled_cache(kv_heads, head_dim, size, seed=11, dtype=cache_dtype)
     generator = torch.Generator().manual_seed(12)
     node_keys, node_values = torch.randn(2, kv_heads, n, head_dim, generator=generator)
     nan = torch.full_like(node_keys[:, :1], float("nan"))
@@ -387,7 +418,7 @@ def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(parents, start
         torch.set_num_threads(threads)
     assert all(torch.equal(tree, trees[0]) for tree in trees)
     for node, path in enumerate(paths):
-        chain, _, _ = filled_cache(kv_heads, head_dim, size, seed=11)  # the same random prefix
+        chain, _, _ = filled_cache(kv_heads, head_dim, size, seed=11, dtype=cache_dtype)  # the same prefix
         chain.write(0, start, node_keys[:, path], node_values[:, path])
         chain.write(0, start + len(path), nan, nan)  # past the path: never read
         alone = row_invariant.attention(

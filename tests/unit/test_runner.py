@@ -437,3 +437,19 @@ def test_a_cancellable_fast_prefill_stops_within_a_block(tiny_target):
     assert logits is None and computed == 2 * PREFILL_ROWS and len(runner) == 2 * PREFILL_ROWS
     logits, computed = runner.prefill(ids, threading.Event())  # resumed: the rest, in blocks
     assert computed == 600 - 2 * PREFILL_ROWS and logits.shape == (1, tiny_target.vocab_size)
+
+
+def test_a_runner_on_amx_linears_keeps_a_bf16_cache_and_attends_on_amx(
+    tiny_target_fp32_bf16_valued, tiny_target_fp32
+):
+    # so that every exactness test of the amx numerics above runs attention on AMX tiles too
+    def cache_dtype(model) -> torch.dtype:
+        return DecoderRunner(
+            model.weights, exact=True, capacity=64, row_invariant_kernel=True
+        ).cache.keys.dtype
+
+    with numerics_or_skip("amx"):
+        assert cache_dtype(tiny_target_fp32_bf16_valued) == torch.bfloat16
+        assert cache_dtype(tiny_target_fp32) == torch.float32  # float32 panels: fma chains throughout
+    with numerics_or_skip("float32"):
+        assert cache_dtype(tiny_target_fp32_bf16_valued) == torch.float32
