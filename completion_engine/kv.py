@@ -11,7 +11,9 @@ runner.reusable_prefix); on the row-invariant kernel they do not (runner.ANY_ROW
 With `panels`, keys and values are kept in the layout row_invariant's kernel multiplies, so that
 attention scores (q @ keys.T) and outputs (probs @ values) run on it: keys in panels of PANEL
 positions, [layer, kv_head, capacity / PANEL, head_dim, PANEL]; values in panels of PANEL dims,
-[layer, kv_head, ceil(head_dim / PANEL), capacity, PANEL] (zero past head_dim).
+[layer, kv_head, ceil(head_dim / PANEL), capacity, PANEL] (zero past head_dim). In float32, or in
+bfloat16 where the kernel's Linears multiply on AMX (row_invariant.cache_dtype): keys and values
+rounded as they are written, attention on AMX tiles, half the bytes a step reads.
 """
 
 from __future__ import annotations

@@ -108,6 +108,15 @@ numerics), 512-bit and AVX2 tiles interleaved in one process, best of 7 (`/tmp` 
 block of 11 tokens 35.1 -> 31.8 ms on two threads, 58.6 -> 52.5 on one; 4 tokens 23.6 -> 22.8 and
 41.9 -> 40.3; a step unchanged (20.3, 35.4); a cold 2,000-token prefill 1.54 -> 1.24 s (two threads,
 best of 4, alternating; `/tmp` script).
+In the amx numerics (Linears over bf16 panels on AMX) the runner keeps a bfloat16 cache
+(`cache_dtype`) and attention runs on AMX tiles too: q and the probabilities rounded to bf16, each
+score a tdpbf16ps chain over head_dim, each output one over the keys in blocks of 32 from position 0
+(a row's probabilities are zero past its length, so a chain that runs on past its last block adds
+exact zeros: still row-invariant, tested as above, trees included); the softmax on 16 lanes; prefill
+blocks in items of 32 slots whose score rows stay in L2. Half the bytes to read in a step, and the
+multiplies of a verify block almost free. 30 layers' attention at 2,000 keys, two threads, best of 7
+(`/tmp` script; a float32 cache against a bf16 one, one process): rows 1 / 4 / 11 / 16 / 128:
+4.33 / 5.58 / 12.1 / 14.9 / 82.8 ms on the fma chains, 1.57 / 2.36 / 5.30 / 6.25 / 38.4 on AMX.
 
 The small steps of a layer (`rms_norm`, `rotary`, `silu_mul`) are kernel calls too, each a fixed
 function of its own row: about 25 torch ops a layer became three calls (per layer and 1 row, some
@@ -115,7 +124,7 @@ function of its own row: about 25 torch ops a layer became three calls (per laye
 blocks) `layer` runs a whole decoder layer, cache write included, in one call: the same steps in the
 same order in C++, so the same bits, and no Python between them (a 1-row step after 2,000 tokens,
 two threads: 22 -> 17 ms, the other core no longer waiting on the glue; one thread: no change).
-Token trees keep the step-by-step calls.
+Token trees take it too (`parents`: the nodes attend as `attention` says).
 
 The kernel is compiled on first use with torch's C++ extension loader (a C++ compiler and the Python
 headers; about 30 s, once, cached in $SPEC_COMPLETE_CACHE/kernels, by default ~/.cache/spec-complete;
