@@ -371,16 +371,19 @@ def test_a_windowed_heads_catch_up_skips_old_slots_and_predicts_what_computing_a
 def test_a_feature_window_keeps_the_last_features_and_the_same_bits(float32_target):
     """A prefill with a feature window computes the last layer only for its last positions."""
     weights = float32_target.weights
-    whole = DecoderRunner(weights, exact=True, capacity=512, keep_features=True)
-    windowed = DecoderRunner(weights, exact=True, capacity=512, keep_features=True, feature_window=40)
-    context = (random_prompts(float32_target.vocab_size, 1, seed=13)[0] * 40)[:300]  # three blocks
+    rows = DecoderRunner(weights, exact=True, capacity=64).prefill_rows  # a prefill forward's
+    n = 2 * rows + 44  # three blocks
+    whole = DecoderRunner(weights, exact=True, capacity=n + 64, keep_features=True)
+    windowed = DecoderRunner(weights, exact=True, capacity=n + 64, keep_features=True, feature_window=40)
+    prompt = random_prompts(float32_target.vocab_size, 1, seed=13)[0]
+    context = (prompt * (n // len(prompt) + 1))[:n]
     logits = [runner.prefill(context)[0] for runner in (whole, windowed)]
     assert torch.equal(logits[0], logits[1])
-    assert windowed.features_valid[:300].tolist() == [False] * 260 + [True] * 40
-    assert torch.equal(windowed.features[260:300], whole.features[260:300])
+    assert windowed.features_valid[:n].tolist() == [False] * (n - 40) + [True] * 40
+    assert torch.equal(windowed.features[n - 40 : n], whole.features[n - 40 : n])
     steps = [runner.extend([3, 4, 5], all_logits=True) for runner in (whole, windowed)]
-    assert torch.equal(steps[0], steps[1]) and bool(windowed.features_valid[300:303].all())
-    assert torch.equal(windowed.features[300:303], whole.features[300:303])
+    assert torch.equal(steps[0], steps[1]) and bool(windowed.features_valid[n : n + 3].all())
+    assert torch.equal(windowed.features[n : n + 3], whole.features[n : n + 3])
     shorter = [runner.prefill(context[:200] + [7])[0] for runner in (whole, windowed)]  # reuses 200
     assert torch.equal(shorter[0], shorter[1])
     assert windowed.features_valid[:201].tolist() == [False] * 200 + [True]  # 161..199 were never kept
@@ -388,9 +391,9 @@ def test_a_feature_window_keeps_the_last_features_and_the_same_bits(float32_targ
     # features are kept again
     windowed.truncate(0)
     assert windowed.prefill(context, CancelAfter(checks=1))[0] is None
-    assert len(windowed) == 128
+    assert len(windowed) == rows
     windowed.extend([3, 4, 5])
-    assert bool(windowed.features_valid[128:131].all())
+    assert bool(windowed.features_valid[rows : rows + 3].all())
 
 
 def test_a_windowed_head_after_reused_prefixes_and_warmups_on_the_kernel_equals_plain(float32_target):

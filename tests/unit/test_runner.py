@@ -172,8 +172,10 @@ def test_cold_prefill_schedule_and_last_logits(make_runner):
     logits, computed = runner.prefill(ids)
     assert computed == 300
     boundary = prefill_boundary(300)
-    if runner.any_schedule:  # on the kernel no schedule: blocks of PREFILL_ROWS, the rest in one forward
-        assert runner.cache.row_buckets == [ANY_ROWS] * 300 and runner.forwards == 3
+    if runner.any_schedule:  # on the kernel no schedule: blocks of prefill_rows, the rest in one forward
+        assert runner.cache.row_buckets == [ANY_ROWS] * 300 and runner.forwards == -(
+            -300 // runner.prefill_rows
+        )
     else:
         assert runner.cache.row_buckets == [PREFILL_ROWS] * boundary + [DECODE_ROWS] * (300 - boundary)
     # the same positions computed by decode forwards only give other bits, but the same shape of answer
@@ -416,15 +418,16 @@ class CancelAfter(threading.Event):
 
 
 def test_a_prefill_cancelled_inside_a_forward_resumes_with_the_bits_of_a_cold_run(make_runner):
-    ids = tokens(600, make_runner.vocab, seed=18)
-    runner = make_runner()
+    rows = make_runner().prefill_rows  # 128, or on the kernel 512
+    ids = tokens(2 * rows + 88, make_runner.vocab, seed=18)
+    runner = make_runner(capacity=len(ids) + 64)
     layers = runner.shape.n_layers
-    # two whole 128-row forwards, then cancelled after the first layer of the third
+    # two whole prefill forwards, then cancelled after the first layer of the third
     logits, computed = runner.prefill(ids, CancelAfter(checks=2 * layers + 1))
-    assert logits is None and computed == 2 * PREFILL_ROWS and len(runner) == 2 * PREFILL_ROWS
+    assert logits is None and computed == 2 * rows and len(runner) == 2 * rows
     resumed, computed = runner.prefill(ids, threading.Event())
-    cold, _ = make_runner().prefill(ids)
-    assert computed == 600 - 2 * PREFILL_ROWS and torch.equal(resumed, cold)
+    cold, _ = make_runner(capacity=len(ids) + 64).prefill(ids)
+    assert computed == len(ids) - 2 * rows and torch.equal(resumed, cold)
 
 
 def test_a_cancellable_fast_prefill_stops_within_a_block(tiny_target):
