@@ -27,8 +27,10 @@ class EngineConfig:
     ngram_max: int = 8  # longest n-gram the matcher tries to extend to
     hybrid_min_match: int = 3  # hybrid: an n-gram match this long wins over the draft model
     draft_min_prob: float = 0.3  # model drafter stops when its top probability falls below this
-    # an EAGLE head drafts a tree of its top tokens (EAGLE-2) instead of a chain; off by default: on
-    # this CPU each extra root-to-leaf chain costs a verify step about 20% more than it gains (README)
-    eagle_tree: bool = False
+    # an EAGLE head drafts a tree of its top tokens (EAGLE-2) instead of a chain, for exact greedy
+    # requests: None wherever the draft model is an EAGLE head and the verifier exact (with AMX
+    # attention a verify row costs little: trees ran faster than chains on both packages measured,
+    # README), True to require it, False for chains
+    eagle_tree: bool | None = None
     max_context: int = 4096  # tokens of context kept (the oldest are cut)
     kept_outputs: int = 32  # earlier completions kept in the n-gram corpus for drafting (0: none)

@@ -120,7 +120,9 @@ class CompletionEngine:
         self._token_table: TokenTable | None = None
         self._outputs = 0  # completions kept in the corpus so far (see _keep_output)
         if eagle:
-            tree = TreeSettings() if config.exact and config.eagle_tree else None  # the exact verifier
+            tree = (
+                TreeSettings() if config.exact and config.eagle_tree is not False else None
+            )  # exact verifier
             self._model_drafter = EagleDrafter(
                 self.target_runner, draft, config.draft_min_prob, tree, self.budget.plan
             )

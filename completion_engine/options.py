@@ -54,10 +54,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     )
     parser.add_argument(
         "--eagle-tree",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="an EAGLE draft head (--draft-model smollm2-135m-eagle) drafts a tree of its most probable "
-        "tokens (EAGLE-2) instead of a chain, for exact greedy requests (off by default: measured "
-        "slower on a 2-core CPU; see the README)",
+        "tokens (EAGLE-2) instead of a chain, for exact greedy requests (default: wherever the draft "
+        "model is an EAGLE head and the verifier exact; --no-eagle-tree drafts chains)",
     )
     parser.add_argument(
         "--max-context",
@@ -98,7 +99,7 @@ def apply_threads_argument(args: argparse.Namespace) -> None:
 
 def eagle_tree_problem(args: argparse.Namespace) -> str | None:
     """Why --eagle-tree cannot apply to this command line (call after resolve_draft_defaults), or None."""
-    if not args.eagle_tree:
+    if not args.eagle_tree:  # None (trees where they apply) or False (chains)
         return None
     if not is_eagle_head(args.draft_model or ""):
         return f"--eagle-tree needs an EAGLE draft head (--draft-model {EAGLE_NAME} or a head's folder)"

@@ -65,14 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--drafts",
         default=f"{DISTILLED_NAME},{EAGLE_NAME}",
-        help="drafts to compare, comma-separated; an EAGLE head's name with +tree drafts EAGLE-2 trees "
-        f"(e.g. {EAGLE_NAME},{EAGLE_NAME}+tree)",
+        help="drafts to compare, comma-separated; an EAGLE head drafts EAGLE-2 trees (the default), its "
+        f"name with +chain chains (e.g. {EAGLE_NAME},{EAGLE_NAME}+chain)",
     )
     args = parser.parse_args(argv)
     drafts = {draft: draft.partition("+")[::2] for draft in args.drafts.split(",")}  # name -> (model, shape)
     for draft, (model, shape) in drafts.items():
-        if shape not in ("", "tree") or (shape == "tree" and not is_eagle_head(model)):
-            parser.error(f"--drafts: {draft}: only an EAGLE head takes a suffix, and only +tree")
+        if shape not in ("", "tree", "chain") or (shape and not is_eagle_head(model)):
+            parser.error(f"--drafts: {draft}: only an EAGLE head takes a suffix, +tree or +chain")
 
     from tqdm import tqdm
 
@@ -90,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     runners = {}
     for draft, (model, shape) in drafts.items():
         config = EngineConfig(
-            target=DEFAULT_TARGET, max_context=args.max_context, draft_model=model, eagle_tree=shape == "tree"
+            target=DEFAULT_TARGET,
+            max_context=args.max_context,
+            draft_model=model,
+            eagle_tree={"": None, "tree": True, "chain": False}[shape],
         )
         engine = CompletionEngine.from_config(config, progress=False)
         cost = engine.budget.draft_cost

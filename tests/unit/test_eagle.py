@@ -449,8 +449,9 @@ def test_eagle_tree_option_reaches_the_config_and_needs_a_head(one_layer_target)
 
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)
-    assert engine_config(parser.parse_args(["--eagle-tree"])).eagle_tree
-    assert not engine_config(parser.parse_args([])).eagle_tree
+    assert engine_config(parser.parse_args(["--eagle-tree"])).eagle_tree is True
+    assert engine_config(parser.parse_args([])).eagle_tree is None  # trees wherever a head drafts
+    assert engine_config(parser.parse_args(["--no-eagle-tree"])).eagle_tree is False
     # the command lines refuse it before loading anything
     head = parser.parse_args(["--eagle-tree", "--draft-model", EAGLE_NAME])
     assert eagle_tree_problem(head) is None and eagle_tree_problem(parser.parse_args([])) is None
@@ -541,3 +542,9 @@ def test_training_text_comes_from_the_train_roots_or_else_the_stdlib_without_the
         names("--train-root", str(tmp_path / "missing"))
     with pytest.raises(SystemExit, match="no Python files"):
         names("--train-root", str(other / "empty"))
+
+
+def test_an_eagle_head_drafts_trees_by_default_where_the_verifier_is_exact(one_layer_target):
+    head = near_head(one_layer_target)
+    assert engine_for(one_layer_target, head)._model_drafter.tree is not None  # eagle_tree None
+    assert engine_for(one_layer_target, head, eagle_tree=False)._model_drafter.tree is None
