@@ -69,21 +69,24 @@ __attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, co
     for (int v = 0; v < V; ++v) _mm256_storeu_ps(acc + r * kPanel + v * 8, sum[r][v]);
 }
 
-// e^x for 8 lanes: Cephes' polynomial after a reduction by ln 2 (as in avx_mathfun), clamped below at
-// -87 so that 2^n stays a normal float. Every lane is the same function of its own input.
+// Cephes' e^x (as in avx_mathfun): clamps, log2(e), ln 2 in two parts for the reduction, and the
+// polynomial's coefficients, highest first. exp8 and exp16 (attention on AMX) share them.
+constexpr float kExpHigh = 88.0f, kExpLow = -87.0f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2High = 0.693359375f, kLn2Low = -2.12194440e-4f;
+constexpr float kExpPolynomial[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                    4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+// e^x for 8 lanes: Cephes' polynomial after a reduction by ln 2, clamped below at -87 so that 2^n
+// stays a normal float. Every lane is the same function of its own input.
 // A NaN stays NaN (a diverged model shows as one, not as a dominant weight).
 inline __m256 exp8(__m256 input) {
   const __m256 nan = _mm256_cmp_ps(input, input, _CMP_UNORD_Q);
-  __m256 x = _mm256_max_ps(_mm256_min_ps(input, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 x = _mm256_max_ps(_mm256_min_ps(input, _mm256_set1_ps(kExpHigh)), _mm256_set1_ps(kExpLow));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2High), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Low), x);
+  __m256 y = _mm256_set1_ps(kExpPolynomial[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(kExpPolynomial[i]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_blendv_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(bits)), input, nan);
@@ -968,17 +971,13 @@ AMX_TILES void amx_scores(const AmxAttention& x, int64_t kv, int64_t p0, int64_t
 // exp8's function on 16 lanes (the same polynomial and clamps; NaN stays NaN).
 AMX_TILES inline __m512 exp16(__m512 input) {
   const __mmask16 nan = _mm512_cmp_ps_mask(input, input, _CMP_UNORD_Q);
-  __m512 x = _mm512_max_ps(_mm512_min_ps(input, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+  __m512 x = _mm512_max_ps(_mm512_min_ps(input, _mm512_set1_ps(kExpHigh)), _mm512_set1_ps(kExpLow));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),
                                         _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2High), x);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Low), x);
+  __m512 y = _mm512_set1_ps(kExpPolynomial[0]);
+  for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(kExpPolynomial[i]));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
   const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mask_blend_ps(nan, _mm512_mul_ps(y, _mm512_castsi512_ps(bits)), input);
