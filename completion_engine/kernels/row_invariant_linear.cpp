@@ -461,22 +461,14 @@ alignas(64) constexpr TileConfig kTileConfigs[kAmxRows + 1] = {
 // panel's column halves. Each thread configures its own tiles, for a call of m rows.
 AMX_TILES void amx_configure(int64_t m) { _tile_loadconfig(&kTileConfigs[std::min(m, kAmxRows)]); }
 
-// A panel row's 32 values as bf16: loaded (bf16 panels), or float32 rounded to nearest even (the KV
-// cache's panels, read by attention on AMX: vcvtne2ps2bf16, as amx_inputs rounds the inputs).
-AMX_TILES inline __m512i load_pairs_row(const uint16_t* row) { return _mm512_loadu_si512(row); }
-AMX_TILES inline __m512i load_pairs_row(const float* row) {
-  return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + 16), _mm512_loadu_ps(row));
-}
-
-// k pairs [kk0, kk1) of a panel [k, 32] (within one block of 32 k) -> the block's two AMX tiles
+// k pairs [kk0, kk1) of a bf16 panel [k, 32] (within one block of 32 k) -> the block's two AMX tiles
 // at out: 16 k pairs x 16 dwords each, a dword the pair (w[k][c], w[k + 1][c]) of one column c (k past
 // the weight's is zero). The first tile holds columns 8L + i, the second 8L + 4 + i, in dword 4L + i
 // (L < 4, i < 4): unpacklo/hi's order, which the outputs undo through kDotPlaces.
-template <typename W>
-AMX_TILES inline void amx_interleave(const W* panel, int64_t k, int64_t kk0, int64_t kk1, uint16_t* out) {
+AMX_TILES inline void amx_interleave(const uint16_t* panel, int64_t k, int64_t kk0, int64_t kk1, uint16_t* out) {
   for (int64_t kk = kk0; kk < kk1; kk += 2) {
-    const __m512i a = kk < k ? load_pairs_row(panel + kk * kPanel) : _mm512_setzero_si512();
-    const __m512i b = kk + 1 < k ? load_pairs_row(panel + (kk + 1) * kPanel) : _mm512_setzero_si512();
+    const __m512i a = kk < k ? _mm512_loadu_si512(panel + kk * kPanel) : _mm512_setzero_si512();
+    const __m512i b = kk + 1 < k ? _mm512_loadu_si512(panel + (kk + 1) * kPanel) : _mm512_setzero_si512();
     uint16_t* row = out + (kk % kAmxK) / 2 * kPanel;
     _mm512_store_si512(row, _mm512_unpacklo_epi16(a, b));
     _mm512_store_si512(row + kAmxRows * kPanel, _mm512_unpackhi_epi16(a, b));
@@ -486,13 +478,12 @@ AMX_TILES inline void amx_interleave(const W* panel, int64_t k, int64_t kk0, int
 constexpr int64_t kAmxTile = kAmxRows * kPanel;  // a B tile's bf16 elements (1 KiB)
 
 // Rows [0, m16) of xa (bf16, rows lda elements apart, m16 a multiple of 16) over k blocks [0, blocks)
-// against one panel (bf16, or float32 rounded as it is read) -> acc [m16][32] (columns in the tiles'
-// order). Up to 32 rows (a step, a verify block) interleave each block just before its products,
+// against one bf16 panel (a weight's, or a layer's keys or values in a bf16 KV cache) -> acc [m16][32]
+// (columns in the tiles' order). Up to 32 rows (a step, a verify block) interleave each block just before its products,
 // into a ring of two blocks that stays in L1; more rows (prefill) interleave the whole panel into b
 // first and run two row tiles at a time over it. An output row is the same chain over the blocks
 // either way.
-template <typename W>
-AMX_TILES void amx_panel(const uint16_t* xa, int64_t lda, int64_t m16, int64_t blocks, const W* panel, int64_t k,
+AMX_TILES void amx_panel(const uint16_t* xa, int64_t lda, int64_t m16, int64_t blocks, const uint16_t* panel, int64_t k,
                          uint16_t* b, float* acc) {
   const int64_t ld = lda * 2;  // bytes per input row
   const bool streamed = m16 <= 2 * kAmxRows;
@@ -878,21 +869,25 @@ void attention_few(const AttentionCall& a) {
 }
 
 
-// Attention on AMX tiles, where the Linears multiply on them (the amx numerics: `layer` takes it then,
-// `attention` when asked). q and the cache's keys are rounded to bf16 (nearest even) as they are read;
-// each score is one chain of tdpbf16ps over d in blocks of 32 from zero, times scale; the softmax is
-// softmax_row's (float32, a function of the row's own scores); the probabilities are rounded to bf16
-// and each output is one chain of tdpbf16ps over the keys in blocks of 32 from position 0, values
-// rounded as they are read. A row's probabilities are zero past its length and values past the
-// longest row's are read as zeros, so where a chain runs on past a row's own last block it adds exact
-// zeros: a row's bits do not depend on the rows beside it, their count or the threads (an output of
-// exactly -0 could come out +0, the same number). Neither the fma chains' bits nor torch's.
+// Attention on AMX tiles, for a bf16 KV cache (the amx numerics' cache: keys and values rounded to
+// bf16 as they were written). q is rounded to bf16 (nearest even) as it is read; each score is one
+// chain of tdpbf16ps over d in blocks of 32 from zero, times scale; the softmax is amx_softmax's
+// (float32 on 16 lanes, a function of the row's own scores); the probabilities are rounded to bf16
+// and each output is one chain of tdpbf16ps over the keys in blocks of 32 from position 0 (then
+// +0.0, so that a zero output is +0 whatever its chain's signs). A row's probabilities are zero past
+// its length, so where its chain runs on past its own last block, over the values of longer rows
+// (and zeros past the longest), it adds exact zeros, provided those values are finite (0 x Inf is
+// NaN): a row's bits do not depend on the rows beside it, their count or the threads. Where a value
+// that some row's chain would read past its length is not finite, every row runs its own blocks past
+// the rows' shortest length over its own values only, zero past its length, as a tree's node does.
+// Neither the fma chains' bits nor torch's.
 // A token tree's node scores its path's keys where they lie (a score is a function of its query and
 // key alone) and puts them in path order before its softmax; its outputs run the blocks below the one
 // holding `start` with every row, then the node's own blocks from there, over its path's values
 // gathered in order: the chain that decoding the path one token at a time computes.
-// Three passes over every kv head at once, as attention_few's: scores (items: a kv head's block of
-// kKeyBlock key panels), softmaxes (a slot), outputs (a kv head's value panel).
+// Calls of up to 16 rows, and trees, run three passes over every kv head at once, as
+// attention_few's: scores (items: a kv head's block of kKeyBlock key panels), softmaxes (a slot),
+// outputs (a kv head's value panel); longer calls (prefill blocks) run amx_chunk's items.
 
 // Row `row` of amx_panel's acc (the tiles' column order) -> columns 0-15 and 16-31 in order.
 AMX_TILES inline void amx_row(const float* acc, __m512& first, __m512& second) {
@@ -927,7 +922,8 @@ struct AmxAttention {
   int64_t group, slots, m16;  // slots (row * group + head in the group) in row tiles of 16
   int64_t dwidth;             // d rounded up to a k block
   int64_t width;              // a score / probability row: the keys scored where they lie, in whole panels
-  int64_t shared;             // output blocks every row runs together (a tree: those below `start`)
+  int64_t shortest, longest;  // the rows' lengths, least and most
+  int64_t tile_rows;          // rows of the first row tile (amx_configure's for the whole call)
   const uint16_t* qa;         // [kv_heads][m16][dwidth] bf16 queries
   float* scores;              // [kv_heads][slots][width]
   uint16_t* pa;               // [kv_heads][m16][width] bf16 probabilities
@@ -1020,51 +1016,78 @@ AMX_TILES void amx_softmax(const AmxAttention& x, int64_t kv, int64_t s) {
   }
 }
 
-// Outputs of every slot of kv head kv for value panel c (d columns 32c ..) into a.out.
+// Whether any of bf16 rows [from, to) of a value panel is Inf or NaN (every exponent bit set).
+AMX_TILES bool any_not_finite(const uint16_t* panel, int64_t from, int64_t to) {
+  const __m512i exponent = _mm512_set1_epi16(0x7F80);
+  for (int64_t p = from; p < to; ++p) {
+    const __m512i bits = _mm512_and_si512(_mm512_loadu_si512(panel + p * kPanel), exponent);
+    if (_mm512_cmpeq_epi16_mask(bits, exponent)) return true;
+  }
+  return false;
+}
+
+// Continue the chains of slots [s0, s1) (one row's heads, at most x.tile_rows) in acc over the row's
+// own keys from `from` to its length: `blocks` blocks of B tiles in b, zero past the row's keys.
+AMX_TILES void amx_own_blocks(const AmxAttention& x, const uint16_t* probs, int64_t s0, int64_t s1, int64_t from,
+                              int64_t blocks, const uint16_t* b, float* acc) {
+  thread_local std::vector<float> chains;
+  thread_local std::vector<uint16_t> inputs;
+  inputs.assign(x.tile_rows * blocks * kAmxK, 0);
+  chains.assign(x.tile_rows * kPanel, 0.0f);
+  for (int64_t s = s0; s < s1; ++s) {
+    std::copy_n(probs + s * x.width + from, blocks * kAmxK, inputs.data() + (s - s0) * blocks * kAmxK);
+    std::copy_n(acc + s * kPanel, kPanel, chains.data() + (s - s0) * kPanel);
+  }
+  amx_continue(inputs.data(), blocks * kAmxK, blocks, b, chains.data());
+  for (int64_t s = s0; s < s1; ++s) std::copy_n(chains.data() + (s - s0) * kPanel, kPanel, acc + s * kPanel);
+}
+
+// Outputs of every slot of kv head kv for value panel c (d columns 32c ..) into a.out: every row
+// together over the blocks all of them run (all, or those below `from`), then where rows run their
+// own blocks (a tree's nodes, or a value past some row's length that is not finite), each row alone
+// from `from` on over its own values in order, gathered (a tree's path) and zero past its length.
 AMX_TILES void amx_outputs_of(const AmxAttention& x, int64_t kv, int64_t c, std::vector<float>& acc,
                               std::vector<uint16_t>& buffer) {
   const AttentionCall& a = x.a;
   acc.resize(std::max<size_t>(acc.size(), x.m16 * kPanel));
   const uint16_t* panel = a.values16 + kv * a.value_head + c * a.value_panel;  // [positions][32]
   const uint16_t* probs = x.probs(kv);
-  if (x.shared > 0)
-    amx_panel(probs, x.width, x.m16, x.shared, panel, a.paths ? x.shared * kAmxK : a.longest,
-              amx_b_buffer(buffer, x.m16, x.shared), acc.data());
+  const bool own = a.paths || any_not_finite(panel, x.shortest, x.longest);
+  const int64_t together = own ? (a.paths ? a.start : x.shortest) / kAmxK : (x.longest + kAmxK - 1) / kAmxK;
+  if (together > 0)
+    amx_panel(probs, x.width, x.m16, together, panel, own ? together * kAmxK : x.longest,
+              amx_b_buffer(buffer, x.m16, together), acc.data());
   else
     std::fill(acc.begin(), acc.begin() + x.m16 * kPanel, 0.0f);
-  if (a.paths) {  // each node's own blocks from the one holding `start`: its path's values in order
-    const int64_t from = x.shared * kAmxK, tile_rows = std::min(x.slots, kAmxRows);
-    thread_local std::vector<float> chains;
-    thread_local std::vector<uint16_t> gathered, tiles, inputs;
-    for (int64_t row = 0; row < a.rows; ++row) {
-      const int64_t keys = a.len[row] - from, blocks = (keys + kAmxK - 1) / kAmxK;
+  if (own) {
+    const int64_t from = together * kAmxK;
+    thread_local std::vector<uint16_t> gathered, tiles;
+    for (int64_t s0 = 0, s1; s0 < x.slots; s0 = s1) {  // a row's slots [s0, s1), its heads here
+      const int64_t row = x.row(s0), keys = a.len[row] - from, blocks = (keys + kAmxK - 1) / kAmxK;
+      for (s1 = s0; s1 < x.slots && x.row(s1) == row;) ++s1;
       gathered.assign(blocks * kAmxK * kPanel, 0);
-      for (int64_t t = 0; t < keys; ++t)
-        std::copy_n(panel + tree_position(a, row, from + t) * kPanel, kPanel, gathered.data() + t * kPanel);
-      uint16_t* b = amx_b_buffer(tiles, 3 * kAmxRows, blocks);  // room for every block
+      for (int64_t t = 0; t < keys; ++t) {
+        const int64_t position = a.paths ? tree_position(a, row, from + t) : from + t;
+        std::copy_n(panel + position * kPanel, kPanel, gathered.data() + t * kPanel);
+      }
+      tiles.resize(std::max<size_t>(tiles.size(), blocks * 2 * kAmxTile + kAmxAlign));
+      uint16_t* b = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(tiles.data()) + 63) & ~uintptr_t{63});
       for (int64_t block = 0; block < blocks; ++block)
         amx_interleave(gathered.data(), keys, block * kAmxK, (block + 1) * kAmxK, b + 2 * block * kAmxTile);
-      inputs.assign(tile_rows * blocks * kAmxK, 0);
-      chains.assign(tile_rows * kPanel, 0.0f);
-      for (int64_t j = 0; j < x.group; ++j) {
-        const int64_t s = row * x.group + j;
-        std::copy_n(probs + s * x.width + from, blocks * kAmxK, inputs.data() + j * blocks * kAmxK);
-        std::copy_n(acc.data() + s * kPanel, kPanel, chains.data() + j * kPanel);
-      }
-      amx_continue(inputs.data(), blocks * kAmxK, blocks, b, chains.data());
-      for (int64_t j = 0; j < x.group; ++j)
-        std::copy_n(chains.data() + j * kPanel, kPanel, acc.data() + (row * x.group + j) * kPanel);
+      for (int64_t s = s0; s < s1; s += x.tile_rows)  // a tile holds tile_rows of the row's heads
+        amx_own_blocks(x, probs, s, std::min(s1, s + x.tile_rows), from, blocks, b, acc.data());
     }
   }
   const int64_t cols = std::min(kPanel, a.d - c * kPanel);
   const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
   const __mmask16 hi = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  const __m512 zero = _mm512_setzero_ps();
   for (int64_t s = 0; s < x.slots; ++s) {
     __m512 first, second;
     amx_row(acc.data() + s * kPanel, first, second);
     float* out = a.out + (x.row(s) * a.heads + x.head(kv, s)) * a.d + c * kPanel;
-    _mm512_mask_storeu_ps(out, lo, first);
-    _mm512_mask_storeu_ps(out + 16, hi, second);
+    _mm512_mask_storeu_ps(out, lo, _mm512_add_ps(first, zero));  // + 0: a zero output is +0
+    _mm512_mask_storeu_ps(out + 16, hi, _mm512_add_ps(second, zero));
   }
 }
 
@@ -1077,12 +1100,21 @@ constexpr int64_t kAmxChunk = 2 * kAmxRows;
 AMX_TILES void amx_chunk(const AmxAttention& all, int64_t kv, int64_t first, std::vector<float>& scores,
                          std::vector<uint16_t>& probs, std::vector<float>& acc, std::vector<uint16_t>& buffer) {
   const int64_t count = std::min(kAmxChunk, all.slots - first);
-  scores.resize(std::max<size_t>(scores.size(), kAmxChunk * all.width));
-  probs.resize(std::max<size_t>(probs.size(), kAmxChunk * all.width));
+  // the chunk's rows' lengths: its keys (a prefill block's first chunks see few of the block's)
+  int64_t shortest = std::numeric_limits<int64_t>::max(), longest = 0;
+  for (int64_t s = first; s < first + count; ++s) {
+    shortest = std::min(shortest, all.a.len[s / all.group]);
+    longest = std::max(longest, all.a.len[s / all.group]);
+  }
+  const int64_t width = (longest + kPanel - 1) / kPanel * kPanel;
+  scores.resize(std::max<size_t>(scores.size(), kAmxChunk * width));
+  probs.resize(std::max<size_t>(probs.size(), kAmxChunk * width));
   // the chunk's second row tile past the slots: zero, as the tiles read it
-  std::fill(probs.begin() + count * all.width, probs.begin() + kAmxChunk * all.width, uint16_t{0});
-  AmxAttention x{all.a, all.group, count, (count + kAmxRows - 1) / kAmxRows * kAmxRows, all.dwidth, all.width,
-                 all.shared, all.qa + (kv * all.m16 + first) * all.dwidth, scores.data(), probs.data(), first, true};
+  std::fill(probs.begin() + count * width, probs.begin() + kAmxChunk * width, uint16_t{0});
+  AmxAttention x{all.a,    all.group, count,         (count + kAmxRows - 1) / kAmxRows * kAmxRows,
+                 all.dwidth, width,   shortest,      longest,
+                 all.tile_rows, all.qa + (kv * all.m16 + first) * all.dwidth, scores.data(), probs.data(),
+                 first,    true};
   amx_scores(x, kv, 0, x.width / kPanel, acc, buffer);
   for (int64_t s = 0; s < count; ++s) amx_softmax(x, kv, s);
   for (int64_t c = 0; c < (x.a.d + kPanel - 1) / kPanel; ++c) amx_outputs_of(x, kv, c, acc, buffer);
@@ -1112,8 +1144,10 @@ void amx_attention(const AttentionCall& a) {
     if (!chunked && slots >= kAmxRows)
       std::fill_n(pa.data() + (kv * m16 + slots) * width, (m16 - slots) * width, uint16_t{0});
   }
-  const AmxAttention x{a, group, slots, m16, dblocks * kAmxK, width, a.paths ? a.start / kAmxK : panels,
-                       qa.data(), scores.data(), pa.data()};
+  int64_t shortest = a.len[0];
+  for (int64_t row = 1; row < a.rows; ++row) shortest = std::min(shortest, a.len[row]);
+  const AmxAttention x{a,        group,         slots,       m16,       dblocks * kAmxK, width, shortest,
+                       a.longest, std::min(slots, kAmxRows), qa.data(), scores.data(),  pa.data()};
   if (chunked) {
     const int64_t chunks = (slots + kAmxChunk - 1) / kAmxChunk;
     parallel_items(a.kv_heads * chunks, true, [&](const auto& claim) {
@@ -1127,7 +1161,7 @@ void amx_attention(const AttentionCall& a) {
     return;
   }
   const int64_t blocks = (panels + kKeyBlock - 1) / kKeyBlock, value_panels = (a.d + kPanel - 1) / kPanel;
-  const bool dynamic = a.rows > kHalfRowsMost;
+  const bool dynamic = false;  // up to 16 rows here (a step, a verify block, a tree): memory-bound
   parallel_items(a.kv_heads * blocks, dynamic, [&](const auto& claim) {
     amx_configure(slots);
     thread_local std::vector<float> acc;
@@ -1159,6 +1193,8 @@ void amx_attention(const AttentionCall& a) {
 // function of the row's own scores (softmax_row); every output is the fixed fma chain over the row's own
 // keys, in order. Keys and values past a row's length are never used (they may hold anything). So a row's
 // output does not depend on the rows beside it, how many there are, or the threads. -> [rows, heads * d]
+// Keys and values in bfloat16 (the amx numerics' cache): on AMX tiles, with the same invariances
+// (amx_attention says how, and where a row's chain runs past its length).
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                         const torch::Tensor& lengths, double scale, const c10::optional<torch::Tensor>& parents,
                         int64_t start) {

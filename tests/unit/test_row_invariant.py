@@ -325,6 +325,28 @@ def test_attention_never_reads_past_a_rows_own_keys(cache_dtype):
     assert torch.equal(few, together[:8])  # a small block's passes: keys read in blocks of 256
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 3.4e38])  # 3.4e38: Inf once rounded to bf16
+def test_a_value_that_is_not_finite_past_a_rows_length_never_reaches_it(cache_dtype, bad):
+    # a longer row's value (a diverged model's, say) lies within the keys a shorter row's chain runs
+    # over beside it: the shorter row keeps the bits it gets alone
+    cache, _, _ = filled_cache(3, 64, 512, seed=15, dtype=cache_dtype)
+    cache.values[0, :, :, 459] = bad  # position 459: seen by the last of 40 causal rows only
+    q = torch.randn(40, 9, 64, generator=torch.Generator().manual_seed(16))
+    lengths = torch.arange(421, 461)  # a block of more than 16 rows (prefill items), and steps
+    for rows in (40, 2, 16):
+        together = row_invariant.attention(
+            q[-rows:].contiguous(), cache.keys[0], cache.values[0], lengths[-rows:], 0.125
+        )
+        alone = [
+            row_invariant.attention(
+                q[i : i + 1].contiguous(), cache.keys[0], cache.values[0], lengths[i : i + 1], 0.125
+            )
+            for i in range(40 - rows, 39)
+        ]
+        assert not torch.isnan(torch.cat(alone)).any()
+        assert torch.equal(together[:-1], torch.cat(alone)), rows
+
+
 @pytest.mark.skipif("avx512f" not in row_invariant.cpu_flags(), reason="the CPU has no AVX-512")
 def test_attention_on_512_bit_tiles_gives_the_bits_of_256_bit_ones():
     # scores and outputs in tiles of up to 12 query slots (512-bit) or 3 (AVX2): the same chains
@@ -387,7 +409,7 @@ TREES = [
 
 @pytest.mark.parametrize("parents", TREES)
 @pytest.mark.parametrize("start", [0, 1, 31, 300])
-@pytest.mark.parametrize("kv_heads, group, head_dim", [(3, 3, 64), (1, 4, 40)])
+@pytest.mark.parametrize("kv_heads, group, head_dim", [(3, 3, 64), (1, 4, 40), (1, 17, 16)])  # 17: > a tile
 def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(
     parents, start, kv_heads, group, head_dim, cache_dtype
 ):
