@@ -120,9 +120,8 @@ class CompletionEngine:
         self._token_table: TokenTable | None = None
         self._outputs = 0  # completions kept in the corpus so far (see _keep_output)
         if eagle:
-            tree = (
-                TreeSettings() if config.exact and config.eagle_tree is not False else None
-            )  # exact verifier
+            trees = config.exact and config.eagle_tree is not False  # None: trees (the exact verifier)
+            tree = TreeSettings() if trees else None
             self._model_drafter = EagleDrafter(
                 self.target_runner, draft, config.draft_min_prob, tree, self.budget.plan
             )

@@ -248,7 +248,9 @@ class DecoderRunner:
         # exact on the kernel: no row buckets to keep, every small step on the kernel too, and the KV
         # cache in its panel layout (see the module docstring)
         self.any_schedule = exact and row_invariant_kernel
-        self.prefill_rows = KERNEL_PREFILL_ROWS if self.any_schedule else PREFILL_ROWS  # a prefill forward's
+        self.prefill_rows = (
+            KERNEL_PREFILL_ROWS if self.any_schedule else PREFILL_ROWS
+        )  # rows of a prefill forward
         # ... and a chain's layers as one kernel call each (row_invariant.layer)
         self._layer_panels = (
             [row_invariant.LayerPanels.of((lin.qkv, lin.out, lin.gate_up, lin.down)) for lin in self.linears]
