@@ -539,6 +539,17 @@ AMX_TILES void amx_panel(const uint16_t* xa, int64_t lda, int64_t m16, int64_t b
 
 AMX_TILES void amx_release() { _tile_release(); }
 
+// B-tile room for `tiles` tiles in a thread's buffer, 64-byte aligned (as _mm512_store_si512 needs).
+inline uint16_t* aligned_tiles(std::vector<uint16_t>& buffer, int64_t tiles) {
+  buffer.resize(std::max<size_t>(buffer.size(), tiles * kAmxTile + 32));
+  return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+}
+
+// amx_panel's B tiles for m16 rows over `blocks` k blocks: a ring of 2 blocks for up to 32 rows.
+inline uint16_t* amx_b_buffer(std::vector<uint16_t>& buffer, int64_t m16, int64_t blocks) {
+  return aligned_tiles(buffer, (m16 <= 2 * kAmxRows ? 2 : blocks) * 2);
+}
+
 // x rounded to bf16 (to nearest even; vcvtneps2bf16, whose flushed denormals tdpbf16ps would flush
 // anyway) into xa [m16, blocks * 32], zero past x's k columns and, where the tiles read them (16 rows
 // and more: amx_configure), past its m rows.
@@ -558,17 +569,29 @@ AMX_TILES void amx_inputs(const float* x, int64_t m, int64_t k, int64_t m16, int
   }
 }
 
+// Row `row` of amx_panel's acc (the tiles' column order) -> columns 0-15 and 16-31 in order.
+AMX_TILES inline void amx_row(const float* acc, __m512& first, __m512& second) {
+  const __m512 a = _mm512_loadu_ps(acc), b = _mm512_loadu_ps(acc + 16);
+  first = _mm512_permutex2var_ps(a, _mm512_load_si512(kDotPlaces[0]), b);
+  second = _mm512_permutex2var_ps(a, _mm512_load_si512(kDotPlaces[1]), b);
+}
+
+// The first `cols` of a panel's 32 columns as masks of its two halves (columns 0-15, 16-31).
+inline void column_masks(int64_t cols, __mmask16& lo, __mmask16& hi) {
+  lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+  hi = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+}
+
 // A panel's outputs from acc (columns in the tiles' order: kDotPlaces) to y's rows (n apart), its
 // first `cols` columns, plus the bias where there is one.
 AMX_TILES void amx_outputs(const float* acc, int64_t m, int64_t cols, const float* bias, float* y, int64_t n) {
-  const __m512i first_half = _mm512_load_si512(kDotPlaces[0]), second_half = _mm512_load_si512(kDotPlaces[1]);
-  const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-  const __mmask16 hi = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  __mmask16 lo, hi;
+  column_masks(cols, lo, hi);
   const __m512 bias_lo = bias ? _mm512_maskz_loadu_ps(lo, bias) : _mm512_setzero_ps();
   const __m512 bias_hi = bias ? _mm512_maskz_loadu_ps(hi, bias + 16) : _mm512_setzero_ps();
   for (int64_t row = 0; row < m; ++row) {
-    const __m512 a = _mm512_loadu_ps(acc + row * kPanel), b = _mm512_loadu_ps(acc + row * kPanel + 16);
-    __m512 first = _mm512_permutex2var_ps(a, first_half, b), second = _mm512_permutex2var_ps(a, second_half, b);
+    __m512 first, second;
+    amx_row(acc + row * kPanel, first, second);
     if (bias) {
       first = _mm512_add_ps(first, bias_lo);
       second = _mm512_add_ps(second, bias_hi);
@@ -590,10 +613,9 @@ void amx_linear(const float* xp, int64_t m, int64_t k, const uint16_t* hp, int64
   parallel_items(count, m > kHalfRowsMost, [&](const auto& claim) {
     amx_configure(m);
     thread_local std::vector<float> acc;
-    thread_local std::vector<uint16_t> buffer;  // B tiles: a ring of 2 blocks, or a whole panel's; 64-byte aligned
+    thread_local std::vector<uint16_t> buffer;  // B tiles: a ring of 2 blocks, or a whole panel's
     acc.resize(std::max<size_t>(acc.size(), m16 * kPanel));
-    buffer.resize(std::max<size_t>(buffer.size(), (m16 <= 2 * kAmxRows ? 2 : blocks) * 2 * kAmxTile + 32));
-    uint16_t* b = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
+    uint16_t* b = amx_b_buffer(buffer, m16, blocks);
     for (int64_t p; (p = claim()) >= 0;) {
       amx_panel(xa, blocks * kAmxK, m16, blocks, hp + p * stride, k, b, acc.data());
       amx_outputs(acc.data(), m, std::min(kPanel, n - p * kPanel), bp ? bp + p * kPanel : nullptr, yp + p * kPanel, n);
@@ -889,13 +911,6 @@ void attention_few(const AttentionCall& a) {
 // attention_few's: scores (items: a kv head's block of kKeyBlock key panels), softmaxes (a slot),
 // outputs (a kv head's value panel); longer calls (prefill blocks) run amx_chunk's items.
 
-// Row `row` of amx_panel's acc (the tiles' column order) -> columns 0-15 and 16-31 in order.
-AMX_TILES inline void amx_row(const float* acc, __m512& first, __m512& second) {
-  const __m512 a = _mm512_loadu_ps(acc), b = _mm512_loadu_ps(acc + 16);
-  first = _mm512_permutex2var_ps(a, _mm512_load_si512(kDotPlaces[0]), b);
-  second = _mm512_permutex2var_ps(a, _mm512_load_si512(kDotPlaces[1]), b);
-}
-
 // The chains of rows [0, R) (R as amx_configure set the first row tile) continued over `blocks` more k
 // blocks: xa [R, >= blocks * 32] bf16 (lda apart), b_tiles the blocks' interleaved B tiles (two each),
 // acc [R][32] in the tiles' column order, in and out.
@@ -936,12 +951,6 @@ struct AmxAttention {
   int64_t head(int64_t kv, int64_t s) const { return kv * group + (first + s) % group; }
 };
 
-// B tiles of up to `blocks` blocks (64-byte aligned, thread-local): a ring of 2 for up to 32 rows
-constexpr int64_t kAmxAlign = 32;  // bf16 elements
-AMX_TILES uint16_t* amx_b_buffer(std::vector<uint16_t>& buffer, int64_t m16, int64_t blocks) {
-  buffer.resize(std::max<size_t>(buffer.size(), (m16 <= 2 * kAmxRows ? 2 : blocks) * 2 * kAmxTile + kAmxAlign));
-  return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t{63});
-}
 
 // Scores of every slot of kv head `kv` against key panels [p0, p1), scaled, into x.scores.
 AMX_TILES void amx_scores(const AmxAttention& x, int64_t kv, int64_t p0, int64_t p1, std::vector<float>& acc,
@@ -1070,17 +1079,15 @@ AMX_TILES void amx_outputs_of(const AmxAttention& x, int64_t kv, int64_t c, std:
         const int64_t position = a.paths ? tree_position(a, row, from + t) : from + t;
         std::copy_n(panel + position * kPanel, kPanel, gathered.data() + t * kPanel);
       }
-      tiles.resize(std::max<size_t>(tiles.size(), blocks * 2 * kAmxTile + kAmxAlign));
-      uint16_t* b = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(tiles.data()) + 63) & ~uintptr_t{63});
+      uint16_t* b = aligned_tiles(tiles, blocks * 2);
       for (int64_t block = 0; block < blocks; ++block)
         amx_interleave(gathered.data(), keys, block * kAmxK, (block + 1) * kAmxK, b + 2 * block * kAmxTile);
       for (int64_t s = s0; s < s1; s += x.tile_rows)  // a tile holds tile_rows of the row's heads
         amx_own_blocks(x, probs, s, std::min(s1, s + x.tile_rows), from, blocks, b, acc.data());
     }
   }
-  const int64_t cols = std::min(kPanel, a.d - c * kPanel);
-  const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
-  const __mmask16 hi = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  __mmask16 lo, hi;
+  column_masks(std::min(kPanel, a.d - c * kPanel), lo, hi);
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t s = 0; s < x.slots; ++s) {
     __m512 first, second;
