@@ -8,15 +8,19 @@ context), and 10-token n-gram drafts made decoding slower than plain (`spec-comp
 ngram 0.85x none, accepting 15% of what it drafted).
 
 Model: a forward of n rows costs c(n) = 1 + ratio * (n - 1) steps; `ratio` is timed once per engine
-(`measure_row_cost`). A draft's j-th token is accepted, given the ones before it were, with chance
-q_j, learned per kind of draft (its source and, for n-gram drafts, how long its match was) from the
-steps so far, forgetting old ones. A step that drafts k tokens then yields on average
+at a short and a long context (`measure_row_cost`, `RowCost`) and priced at each step's context
+length (`at_context`: a row's attention grows with it). A draft's j-th token is accepted, given the
+ones before it were, with chance q_j, learned per kind of draft (its source and, for n-gram drafts,
+how long its match was) from the steps so far, forgetting old ones. A step that drafts k
+tokens then yields on average
 
     E(k) = 1 + sum_{d=1..k} q_1 * ... * q_d        tokens, for c(k + 1) steps,
 
 and the budget keeps the k that maximises E(k) / c(k + 1). A kind whose drafts do not pay gets
 k = 0, but still drafts one token every EXPLORE-th step, so that a change is noticed. Trees keep
-their first k nodes (they come best first). Any k gives the same output: only the speed changes.
+their first k nodes (they come best first); a draft model's tree of k levels may keep more nodes at
+those levels, each whose estimated chance of acceptance beats the price of its verify row
+(`node_price`): it needs no draft forward. Any k gives the same output: only the speed changes.
 
 Free drafts (n-gram look-ups) are made whole and then trimmed. A draft model's tokens cost a
 forward each, `draft_cost` of a target step (timed once per engine: the drafter's token_seconds
@@ -60,17 +64,29 @@ def best_k(accept: list[float], ratio: float) -> int:
     >>> best_k([0.9] * 10, ratio=0.2), best_k([0.9] * 10, ratio=0.0), best_k([0.1] * 4, ratio=0.2)
     (7, 10, 0)
     """
-    if ratio <= 0.0:
-        return len(accept)  # free rows: any chance of one more token is worth drafting it
-    best, best_rate = 0, 1.0
+    return best_plan(accept, ratio)[0]
+
+
+def best_plan(accept: list[float], ratio: float) -> tuple[int, float]:
+    """best_k's k and its rate E(k) / c(k + 1): tokens per step of cost (1.0 at k = 0).
+
+    >>> best_plan([0.5, 0.5, 0.5], ratio=0.2)
+    (1, 1.25)
+    """
     expected, survive = 1.0, 1.0
+    if ratio <= 0.0:  # free rows: any chance of one more token is worth drafting it
+        for q in accept:
+            survive *= q
+            expected += survive
+        return len(accept), expected
+    best, best_rate = 0, 1.0
     for k, q in enumerate(accept, start=1):
         survive *= q
         expected += survive
         rate = expected / (1.0 + ratio * k)
         if rate > best_rate + 1e-12:
             best, best_rate = k, rate
-    return best
+    return best, best_rate
 
 
 @dataclass
@@ -113,21 +129,62 @@ class Acceptance:
             self.rejected.append(0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class RowCost:
+    """The cost of one more verify row, in 1-row steps, after `length` cached tokens.
+
+    It grows with the context: each row's attention reads every cached key, while a 1-row step is
+    mostly the weights' stream (embedded target, AMX, two threads, `python -m eval.bench_verify_rows`:
+    0.016 at 16 tokens, 0.025 at 500, 0.037 at 2,000). Timed at two lengths, straight between them
+    and beyond (never below 0); `long_len` 0: the same at every length.
+
+    >>> RowCost(0.02, 0.04, 256, 2048).at(1152), RowCost(0.02).at(5000)
+    (0.03, 0.02)
+    """
+
+    short: float
+    long: float = 0.0
+    short_len: int = 0
+    long_len: int = 0
+
+    def at(self, length: int) -> float:
+        if self.long_len <= self.short_len:
+            return max(self.short, 0.0)
+        slope = (self.long - self.short) / (self.long_len - self.short_len)
+        return max(self.short + slope * (length - self.short_len), 0.0)
+
+
 class DraftBudget:
     """Sizes each draft to what pays on this machine, and learns from what was accepted."""
 
-    def __init__(self, ratio: float, draft_cost: float = 0.0) -> None:
-        self.ratio = max(ratio, 0.0)  # the cost of one more row, in 1-row steps
+    def __init__(self, row_cost: float | RowCost, draft_cost: float = 0.0) -> None:
+        self.row_cost = row_cost if isinstance(row_cost, RowCost) else RowCost(row_cost)
+        self.ratio = self.row_cost.at(0)  # the cost of one more row now, in 1-row steps (at_context)
         self.draft_cost = max(draft_cost, 0.0)  # the cost of drafting one token with the model, likewise
         self._kinds: dict[str, Acceptance] = {}
         self._steps: dict[str, int] = {}
+        self._model_rate = 1.0  # the rate (tokens per step of cost) of the last plan()
+
+    def at_context(self, length: int) -> None:
+        """Price the next steps' verify rows after `length` cached tokens."""
+        self.ratio = self.row_cost.at(length)
 
     def plan(self, most: int) -> int:
         """How many tokens (or tree nodes) the draft model should draft now, at most `most`."""
         cost = self.ratio + self.draft_cost
         if most <= 0 or cost == 0.0:
+            self._model_rate = 1.0
             return max(most, 0)
         return self._size(MODEL, most, cost)
+
+    def node_price(self) -> float:
+        """The acceptance chance above which one more node of the last planned tree pays for itself.
+
+        A step planned by plan() yields E tokens for C steps of cost (its rate E / C). A node at a
+        depth the draft model computed anyway costs no draft forward, only its verify row (`ratio`),
+        and adds its chance p of being accepted: (E + p) / (C + ratio) > E / C  <=>  p > ratio * E / C.
+        """
+        return self.ratio * self._model_rate
 
     def trim(self, draft: Draft) -> Draft:
         """The draft cut to its best size: its first k tokens (a chain) or nodes (a tree).
@@ -152,7 +209,9 @@ class DraftBudget:
 
     def _size(self, kind: str, most: int, cost: float) -> int:
         """The best k <= most for this kind at `cost` per token; 1 on every EXPLORE-th step of a k of 0."""
-        k = best_k(self._kinds.setdefault(kind, Acceptance()).chances(most), cost)
+        k, rate = best_plan(self._kinds.setdefault(kind, Acceptance()).chances(most), cost)
+        if kind == MODEL:
+            self._model_rate = rate
         self._steps[kind] = self._steps.get(kind, 0) + 1
         if k == 0 and self._steps[kind] % EXPLORE == 0:
             k = 1

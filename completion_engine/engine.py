@@ -12,7 +12,7 @@ import torch
 
 from completion_engine.config import EngineConfig
 from completion_engine.defaults import EAGLE_NAME
-from completion_engine.draft_budget import DraftBudget, best_time, measure_row_cost, tree_depth
+from completion_engine.draft_budget import DraftBudget, RowCost, best_time, measure_row_cost, tree_depth
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
 from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 StopCheck = Callable[[str], "int | None"]  # completion so far -> None (go on) or chars to keep (stop)
 
 GENERATION_ROOM = 512  # cache positions kept free beyond max_context for generated and drafted tokens
+PROBE_CONTEXT = 256  # tokens before the forwards that time a step (and, with max_context, a verify row)
 # Earlier completions stay in the n-gram corpus (EngineConfig.kept_outputs of them), each with the
 # context tokens just before it, so a request superseded while the user types through it, or asked
 # again, drafts from what it wrote.
@@ -106,13 +107,11 @@ class CompletionEngine:
             feature_layers=draft.feature_layers if eagle else (),
         )
         self.threads = choose_threads(self._probe_step) if self.target_runner.device.type == "cpu" else 0
-        row_cost = config.row_cost
+        row_cost: float | RowCost | None = config.row_cost
         if config.max_draft < 1:
             row_cost = 0.0  # nothing is drafted: nothing to time
         elif row_cost is None:
-            row_cost = measure_row_cost(self._probe_forward, rows=min(DECODE_ROWS, config.max_draft + 1))
-            self.target_runner.truncate(0)
-            logger.info("verify forwards: one more row costs %.2f of a 1-row step", row_cost)
+            row_cost = self._time_row_cost(min(DECODE_ROWS, config.max_draft + 1))
         self.budget = DraftBudget(row_cost)  # its draft_cost is timed below, once a model drafter exists
         self.corpus = DocumentCorpus(config.ngram_min)
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
@@ -121,9 +120,15 @@ class CompletionEngine:
         self._outputs = 0  # completions kept in the corpus so far (see _keep_output)
         if eagle:
             trees = config.exact and config.eagle_tree is not False  # None: trees (the exact verifier)
-            tree = TreeSettings() if trees else None
+            # on the kernel a tree is one verify call a layer, whatever its leaves
+            tree = TreeSettings.for_verifier(self.target_runner.any_schedule) if trees else None
             self._model_drafter = EagleDrafter(
-                self.target_runner, draft, config.draft_min_prob, tree, self.budget.plan
+                self.target_runner,
+                draft,
+                config.draft_min_prob,
+                tree,
+                self.budget.plan,
+                self.budget.node_price if trees else None,
             )
         elif draft is not None:
             check_compatible(target, draft)
@@ -145,10 +150,29 @@ class CompletionEngine:
                 logger.info("a draft-model token costs %.2f of a 1-row target step", draft_cost)
             self.budget.draft_cost = max(draft_cost, 0.0)
 
-    def _probe_forward(self, rows: int) -> None:
-        """One decode forward of `rows` rows after a short context: what the draft budget is timed on."""
+    def _time_row_cost(self, rows: int) -> RowCost:
+        """The cost of one more verify row, timed after a short context and after max_context tokens."""
         runner = self.target_runner
-        length = min(256, runner.capacity - DECODE_ROWS)
+        lengths = (
+            min(PROBE_CONTEXT, runner.capacity - DECODE_ROWS),
+            min(self.config.max_context, runner.capacity - DECODE_ROWS),
+        )
+        short, long = (measure_row_cost(lambda n, at=at: self._probe_forward(n, at), rows) for at in lengths)
+        runner.truncate(0)
+        logger.info(
+            "verify forwards: one more row costs %.3f of a 1-row step after %d tokens, %.3f after %d",
+            short,
+            lengths[0],
+            long,
+            lengths[1],
+        )
+        return RowCost(short, long, *lengths)
+
+    def _probe_forward(self, rows: int, length: int = PROBE_CONTEXT) -> None:
+        """One decode forward of `rows` rows after `length` tokens (at most what fits): what the draft
+        budget is timed on."""
+        runner = self.target_runner
+        length = min(length, runner.capacity - DECODE_ROWS)
         if len(runner) != length:
             runner.prefill([0] * length)
         runner.extend([0] * rows, all_logits=True)  # as a verify block: every row's logits
@@ -259,6 +283,7 @@ class CompletionEngine:
                     stats.stop_reason = "cancelled"
                     break
                 k = min(self.config.max_draft, budget - len(progress.tokens) - 1)
+                self.budget.at_context(len(runner))  # a verify row costs more after more tokens
                 drafting = time.perf_counter()
                 draft = drafter.propose(context + progress.tokens, k, sampler) if drafter and k > 0 else None
                 stats.draft_s += time.perf_counter() - drafting

@@ -42,8 +42,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         "--row-cost",
         type=float,
         default=None,
-        help="cost of one more verify row in 1-row steps, which sizes drafts (default: timed when the "
-        "model loads; 0 never cuts n-gram drafts)",
+        help="cost of one more verify row in 1-row steps, which sizes drafts, the same at every context "
+        "length (default: timed when the model loads after a short and a long context, and priced at "
+        "each step's length; 0 never cuts n-gram drafts)",
     )
     parser.add_argument(
         "--draft-cost",

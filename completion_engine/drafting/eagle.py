@@ -17,9 +17,11 @@ first draft token costs one head row, the rest one row each.
 Greedy drafting builds a token tree (EAGLE-2): the children of a node are its most probable tokens,
 a node's score is the product of the head's probabilities along its path (an estimate of its
 chance to be accepted), the best nodes of each depth are expanded together in one head forward,
-and the `k` highest-scoring nodes form the tree. The tree verifier pays per root-to-leaf chain, so
-the tree keeps at most `max_leaves` leaves. Sampling drafts one chain, with the head's
-distributions for rejection sampling.
+and the `k` highest-scoring nodes form the tree, plus any other node drafted at those depths whose
+score beats the price of its verify row (`node_price`, from the draft budget: such a node costs
+no head forward), up to the `most` nodes the step can verify. Off the row-invariant kernel the
+tree verifier pays per root-to-leaf chain, so there the tree keeps at most `max_leaves` leaves.
+Sampling drafts one chain, with the head's distributions for rejection sampling.
 
 The head's LM head covers the most frequent code tokens only (FR-Spec), as the distilled draft.
 """
@@ -27,6 +29,7 @@ The head's LM head covers the most frequent code tokens only (FR-Spec), as the d
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +54,7 @@ from completion_engine.sampling import Sampler
 from completion_engine.types import Draft
 
 SYNC_ROWS = 256  # head rows per forward when catching up with a long context
+MANY_LEAVES = 1 << 16  # no bound on a tree's leaves
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,12 @@ class TreeSettings:
     width: int = 3  # children per expanded node, and nodes expanded per depth
     depth: int = 6  # deepest level drafted
     max_leaves: int = 3  # root-to-leaf chains in the kept tree (off the kernel, each costs attention calls)
+
+    @classmethod
+    def for_verifier(cls, one_call: bool) -> TreeSettings:
+        """The defaults where the verifier checks a whole tree in one call a layer (the kernel's):
+        there a leaf costs what any node does, so the leaves are not counted."""
+        return cls(max_leaves=MANY_LEAVES) if one_call else cls()
 
 
 def head_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> Linear:
@@ -284,6 +294,7 @@ class EagleDrafter:
         min_prob: float,
         tree: TreeSettings | None,
         size: Callable[[int], int] | None = None,
+        node_price: Callable[[], float] | None = None,
     ) -> None:
         if runner.features is None or runner.feature_layers != weights.feature_layers:
             raise ValueError(
@@ -297,10 +308,13 @@ class EagleDrafter:
         self.target_vocab = runner.shape.vocab
         self.min_prob = min_prob
         self.tree = tree
-        self.size = size  # most -> how many tokens (tree nodes) to draft now (None: most)
+        self.size = size  # most -> how many tokens (tree levels and nodes) to draft now (None: most)
+        # the chance above which one more node at a drafted level pays (None: no nodes past size's)
+        self.node_price = node_price
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
+        most = k
         if self.size is not None:
             k = self.size(k)
         committed = len(self.runner)  # positions with target features; context[committed] is pending
@@ -310,8 +324,8 @@ class EagleDrafter:
         try:
             if sampler is not None:
                 return self._chain(predicted, committed, k, sampler)
-            if self.tree is not None and k > 1:
-                return self._tree(predicted, committed, k, self.tree)
+            if self.tree is not None and (k > 1 or self.node_price is not None):
+                return self._tree(predicted, committed, k, most, self.tree)
             return self._chain(predicted, committed, k, None)
         finally:
             self.head.truncate(committed)  # drop the drafted slots: they used guessed features
@@ -395,7 +409,9 @@ class EagleDrafter:
             position += 1
         return Draft(tokens=tokens, probs=torch.stack(dists) if dists else None, source=self.source)
 
-    def _tree(self, predicted: torch.Tensor, committed: int, k: int, settings: TreeSettings) -> Draft:
+    def _tree(
+        self, predicted: torch.Tensor, committed: int, k: int, most: int, settings: TreeSettings
+    ) -> Draft:
         # node: (token, parent node or -1, log score, depth); grown depth by depth
         nodes: list[tuple[int, int, float, int]] = []
         slot_of: dict[int, int] = {}  # expanded node -> its head slot
@@ -415,7 +431,8 @@ class EagleDrafter:
                 break
             frontier = heapq.nlargest(settings.width, children, key=lambda node: nodes[node][2])
             outputs.update(self._expand(frontier, nodes, slot_of, outputs, committed))
-        return self._best_subtree(nodes, k, settings.max_leaves)
+        price = self.node_price() if self.node_price is not None else 1.0
+        return self._best_subtree(nodes, k, settings.max_leaves, most, price)
 
     def _expand(
         self,
@@ -443,12 +460,24 @@ class EagleDrafter:
         )
         return {node: predicted[row] for row, node in enumerate(frontier)}
 
-    def _best_subtree(self, nodes: list[tuple[int, int, float, int]], k: int, max_leaves: int) -> Draft:
-        """The k best-scoring nodes (a parent scores at least its child) with at most max_leaves leaves."""
+    def _best_subtree(
+        self,
+        nodes: list[tuple[int, int, float, int]],
+        k: int,
+        max_leaves: int,
+        most: int = 0,
+        price: float = 1.0,
+    ) -> Draft:
+        """The k best-scoring nodes (a parent scores at least its child) with at most max_leaves leaves,
+        then, up to `most` nodes in all, every other node whose score (a chance) is above `price`."""
         kept: list[int] = []
         kept_set: set[int] = set()
         leaves = 0
+        limit = max(k, most)
+        floor = math.log(price) if price > 0.0 else -math.inf
         for node in sorted(range(len(nodes)), key=lambda n: (-nodes[n][2], nodes[n][3])):
+            if len(kept) >= k and nodes[node][2] <= floor:
+                break  # the rest score lower still
             parent = nodes[node][1]
             if parent >= 0 and parent not in kept_set:
                 continue
@@ -458,7 +487,7 @@ class EagleDrafter:
             leaves += new_leaf
             kept.append(node)
             kept_set.add(node)
-            if len(kept) == k:
+            if len(kept) == limit:
                 break
         kept.sort(key=lambda n: (nodes[n][3], n))  # parents before children
         index = {node: i for i, node in enumerate(kept)}

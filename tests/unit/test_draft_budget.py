@@ -9,7 +9,9 @@ from completion_engine.draft_budget import (
     EXPLORE,
     Acceptance,
     DraftBudget,
+    RowCost,
     best_k,
+    best_plan,
     draft_kind,
     measure_row_cost,
 )
@@ -98,7 +100,47 @@ def test_model_drafts_are_sized_before_drafting_with_their_cost():
     assert DraftBudget(0.2, 0.5).plan(0) == 0
 
 
+def test_a_tree_node_pays_when_its_chance_beats_its_rows_share_of_the_planned_rate():
+    budget = learned_model(DraftBudget(0.1, 0.2), accepted_share=0.8)
+    k = budget.plan(10)
+    q = budget._kinds["model"].chances(10)
+    best, rate = best_plan(q, 0.1 + 0.2)
+    assert k == best >= 1 and rate > 1.0
+    # a step of E tokens for C steps gains from a node of chance p at cost `ratio` iff p > ratio * E / C
+    assert budget.node_price() == pytest.approx(0.1 * rate)
+    assert DraftBudget(0.0, 0.0).node_price() == 0.0  # free rows: every node pays
+    hopeless = learned_model(DraftBudget(0.1, 0.2), accepted_share=0.0)
+    assert hopeless.plan(10) == 0 and hopeless.node_price() == pytest.approx(0.1)  # the rate of no draft: 1
+
+
+def test_a_verify_row_is_priced_at_the_context_it_follows():
+    cost = RowCost(short=0.02, long=0.04, short_len=256, long_len=2048)
+    assert cost.at(256) == pytest.approx(0.02) and cost.at(2048) == pytest.approx(0.04)
+    assert cost.at(4096) > 0.04 and RowCost(0.04, 0.0, 256, 2048).at(10_000) == 0.0  # never below 0
+    budget = DraftBudget(cost)
+    budget.at_context(2048)
+    long_context = budget.trim(ngram(list(range(10)), match_len=2))
+    budget = DraftBudget(cost)
+    budget.at_context(256)
+    assert budget.ratio == pytest.approx(0.02)
+    assert DraftBudget(0.03).ratio == 0.03  # a number: the same at every length
+    # the same (prior: 0.5 a depth) acceptance pays for fewer rows where each costs more
+    assert (len(budget.trim(ngram(list(range(10)), match_len=2)).tokens), len(long_context.tokens)) == (4, 3)
+
+
 def test_row_cost_is_measured_from_forward_timings():
     calls = []
     assert measure_row_cost(calls.append, rows=4, trials=2) >= 0.0
     assert calls == [1, 1, 1, 4, 4, 4]  # a warm-up and two timed forwards each
+
+
+def test_the_engine_times_a_verify_row_after_a_short_and_a_long_context(tiny_target):
+    from completion_engine.config import EngineConfig
+    from completion_engine.engine import PROBE_CONTEXT, CompletionEngine
+
+    engine = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=600), tiny_target)
+    cost = engine.budget.row_cost
+    assert (cost.short_len, cost.long_len) == (PROBE_CONTEXT, 600)
+    assert cost.short >= 0.0 and cost.long >= 0.0 and len(engine.target_runner) == 0
+    fixed = CompletionEngine(EngineConfig(target="t", max_draft=4, row_cost=0.05), tiny_target)
+    assert fixed.budget.row_cost == RowCost(0.05)

@@ -4,6 +4,7 @@ distribution; the runner's features are the ones plain decoding computes; traini
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 
 import pytest
@@ -72,7 +73,7 @@ def test_eagle_greedy_equals_plain(one_layer_target, shape, k, window):
         drafted += generation.stats.drafted
         trees += generation.stats.tree_steps
     assert 0 < accepted < drafted, "the cases should cover both acceptance and rejection"
-    assert (trees > 0) == (shape == "tree" and k > 1)
+    assert (trees > 0) == (shape == "tree")  # at k = 1 too (a node's siblings may join it)
 
 
 def test_eagle_hybrid_equals_plain(one_layer_target):
@@ -135,6 +136,36 @@ def test_best_subtree_keeps_the_likely_nodes_within_the_leaf_budget(one_layer_ta
     assert (draft.tokens, draft.parents) == ([1, 3, 2, 5], [-1, -1, 0, 2])
     draft = drafter._best_subtree(nodes, k=3, max_leaves=1)
     assert (draft.tokens, draft.parents) == ([1, 2, 5], [-1, 0, 1])
+
+
+def test_nodes_past_the_best_k_join_where_their_chance_beats_the_price(one_layer_target):
+    drafter = eagle_engine(one_layer_target)._model_drafter
+    # (token, parent, log score, depth): chances 0.6, 0.3 (under the first), 0.2, 0.05
+    nodes = [
+        (1, -1, math.log(0.6), 1),
+        (2, 0, math.log(0.3), 2),
+        (3, -1, math.log(0.2), 1),
+        (4, -1, math.log(0.05), 1),
+    ]
+    draft = drafter._best_subtree(nodes, k=1, max_leaves=3, most=10, price=0.1)
+    assert (draft.tokens, draft.parents) == ([1, 3, 2], [-1, -1, 0])  # 0.05 does not pay
+    draft = drafter._best_subtree(nodes, k=1, max_leaves=3, most=2, price=0.1)
+    assert draft.tokens == [1, 2]  # no more than the step may verify
+    draft = drafter._best_subtree(nodes, k=2, max_leaves=3, most=10, price=1.0)
+    assert draft.tokens == [1, 2]  # a price no chance beats: the k best only
+    draft = drafter._best_subtree(nodes, k=4, max_leaves=1, most=10, price=0.0)
+    assert draft.tokens == [1, 2]  # the leaf budget holds for every node
+
+
+def test_a_one_level_tree_offers_the_heads_next_best_tokens_beside_its_best(one_layer_target):
+    engine = eagle_engine(one_layer_target, k=15)
+    drafter = engine._model_drafter
+    drafter.size = lambda most: 1  # one level: no head forward past the catch-up
+    drafter.node_price = lambda: 0.0  # every node pays
+    prompt = random_prompts(one_layer_target.vocab_size, 1, seed=11)[0]
+    engine.target_runner.prefill(prompt)
+    draft = drafter.propose([*prompt, 5], k=15)
+    assert draft.parents == [-1] * drafter.tree.width  # the pending token's likeliest children
 
 
 def test_tree_drafts_respect_the_settings(one_layer_target):
