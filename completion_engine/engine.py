@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 StopCheck = Callable[[str], "int | None"]  # completion so far -> None (go on) or chars to keep (stop)
 
 GENERATION_ROOM = 512  # cache positions kept free beyond max_context for generated and drafted tokens
-PROBE_CONTEXT = 256  # tokens before the forwards that time a step (and, with max_context, a verify row)
+PROBE_CONTEXT = 256  # tokens before the forwards that time a step (and, with PROBE_LONG, a verify row)
+PROBE_LONG = 2048  # at most this many before the second timing of a verify row (its prefill is paid at load)
 # Earlier completions stay in the n-gram corpus (EngineConfig.kept_outputs of them), each with the
 # context tokens just before it, so a request superseded while the user types through it, or asked
 # again, drafts from what it wrote.
@@ -151,11 +152,12 @@ class CompletionEngine:
             self.budget.draft_cost = max(draft_cost, 0.0)
 
     def _time_row_cost(self, rows: int) -> RowCost:
-        """The cost of one more verify row, timed after a short context and after max_context tokens."""
+        """The cost of one more verify row, timed after a short context and after max_context tokens
+        (at most PROBE_LONG: RowCost goes on in a straight line past it, as attention's cost does)."""
         runner = self.target_runner
         lengths = (
             min(PROBE_CONTEXT, runner.capacity - DECODE_ROWS),
-            min(self.config.max_context, runner.capacity - DECODE_ROWS),
+            min(self.config.max_context, PROBE_LONG, runner.capacity - DECODE_ROWS),
         )
         short, long = (measure_row_cost(lambda n, at=at: self._probe_forward(n, at), rows) for at in lengths)
         runner.truncate(0)

@@ -136,11 +136,13 @@ def test_row_cost_is_measured_from_forward_timings():
 
 def test_the_engine_times_a_verify_row_after_a_short_and_a_long_context(tiny_target):
     from completion_engine.config import EngineConfig
-    from completion_engine.engine import PROBE_CONTEXT, CompletionEngine
+    from completion_engine.engine import PROBE_CONTEXT, PROBE_LONG, CompletionEngine
 
     engine = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=600), tiny_target)
     cost = engine.budget.row_cost
     assert (cost.short_len, cost.long_len) == (PROBE_CONTEXT, 600)
     assert cost.short >= 0.0 and cost.long >= 0.0 and len(engine.target_runner) == 0
+    long = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=PROBE_LONG + 500), tiny_target)
+    assert long.budget.row_cost.long_len == PROBE_LONG  # its prefill is paid at load: at most PROBE_LONG
     fixed = CompletionEngine(EngineConfig(target="t", max_draft=4, row_cost=0.05), tiny_target)
     assert fixed.budget.row_cost == RowCost(0.05)
