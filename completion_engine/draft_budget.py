@@ -18,8 +18,8 @@ tokens then yields on average
 
 and the budget keeps the k that maximises E(k) / c(k + 1). A kind whose drafts do not pay gets
 k = 0, but still drafts one token every EXPLORE-th step, so that a change is noticed. Trees keep
-their first k nodes (they come best first); a draft model's tree of k levels may keep more nodes at
-those levels, each whose estimated chance of acceptance beats the price of its verify row
+their first k nodes (they come best first); an EAGLE head's tree (min(depth, k) levels) may keep
+more nodes at those levels, each whose estimated chance of acceptance beats the price of its verify row
 (`node_price`): it needs no draft forward. Any k gives the same output: only the speed changes.
 
 Free drafts (n-gram look-ups) are made whole and then trimmed. A draft model's tokens cost a
@@ -150,7 +150,8 @@ class RowCost:
     def at(self, length: int) -> float:
         if self.long_len <= self.short_len:
             return max(self.short, 0.0)
-        slope = (self.long - self.short) / (self.long_len - self.short_len)
+        # never falling with the context (a noisy pair of timings could say so; attention only grows)
+        slope = max((self.long - self.short) / (self.long_len - self.short_len), 0.0)
         return max(self.short + slope * (length - self.short_len), 0.0)
 
 
@@ -183,6 +184,10 @@ class DraftBudget:
         A step planned by plan() yields E tokens for C steps of cost (its rate E / C). A node at a
         depth the draft model computed anyway costs no draft forward, only its verify row (`ratio`),
         and adds its chance p of being accepted: (E + p) / (C + ratio) > E / C  <=>  p > ratio * E / C.
+        Approximations: E counts the chances learned from earlier trees, their extra nodes' gains
+        included, while C counts k rows; a step that explores (k forced from 0 to 1) keeps the rate
+        of no draft, 1; and draft_cost is a head token over a 1-row step after PROBE_CONTEXT tokens,
+        where ratio is over one after the step's own length (a longer step: draft_cost overstated).
         """
         return self.ratio * self._model_rate
 

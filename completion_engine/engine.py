@@ -32,6 +32,7 @@ StopCheck = Callable[[str], "int | None"]  # completion so far -> None (go on) o
 GENERATION_ROOM = 512  # cache positions kept free beyond max_context for generated and drafted tokens
 PROBE_CONTEXT = 256  # tokens before the forwards that time a step (and, with PROBE_LONG, a verify row)
 PROBE_LONG = 2048  # at most this many before the second timing of a verify row (its prefill is paid at load)
+PROBE_SPAN = 512  # fewer tokens between the two timings: one timing, one price (noise would set the slope)
 # Earlier completions stay in the n-gram corpus (EngineConfig.kept_outputs of them), each with the
 # context tokens just before it, so a request superseded while the user types through it, or asked
 # again, drafts from what it wrote.
@@ -122,14 +123,17 @@ class CompletionEngine:
         if eagle:
             trees = config.exact and config.eagle_tree is not False  # None: trees (the exact verifier)
             # on the kernel a tree is one verify call a layer, whatever its leaves
-            tree = TreeSettings.for_verifier(self.target_runner.any_schedule) if trees else None
+            one_call = self.target_runner.any_schedule
+            tree = TreeSettings.for_verifier(one_call) if trees else None
             self._model_drafter = EagleDrafter(
                 self.target_runner,
                 draft,
                 config.draft_min_prob,
                 tree,
                 self.budget.plan,
-                self.budget.node_price if trees else None,
+                # a node past k costs one verify row where the tree is one call (off the kernel a new
+                # leaf is a chain of attention calls more: no nodes past k there)
+                self.budget.node_price if trees and one_call else None,
             )
         elif draft is not None:
             check_compatible(target, draft)
@@ -159,6 +163,11 @@ class CompletionEngine:
             min(PROBE_CONTEXT, runner.capacity - DECODE_ROWS),
             min(self.config.max_context, PROBE_LONG, runner.capacity - DECODE_ROWS),
         )
+        if lengths[1] - lengths[0] < PROBE_SPAN:
+            cost = measure_row_cost(lambda n: self._probe_forward(n, lengths[0]), rows)
+            runner.truncate(0)
+            logger.info("verify forwards: one more row costs %.3f of a 1-row step", cost)
+            return RowCost(cost)
         short, long = (measure_row_cost(lambda n, at=at: self._probe_forward(n, at), rows) for at in lengths)
         runner.truncate(0)
         logger.info(

@@ -324,7 +324,8 @@ class EagleDrafter:
         try:
             if sampler is not None:
                 return self._chain(predicted, committed, k, sampler)
-            if self.tree is not None and (k > 1 or self.node_price is not None):
+            # a tree where it can hold more than one node: k levels, or k = 1 and siblings past it
+            if self.tree is not None and (k > 1 or (self.node_price is not None and most > k)):
                 return self._tree(predicted, committed, k, most, self.tree)
             return self._chain(predicted, committed, k, None)
         finally:

@@ -108,6 +108,9 @@ def test_a_tree_node_pays_when_its_chance_beats_its_rows_share_of_the_planned_ra
     assert k == best >= 1 and rate > 1.0
     # a step of E tokens for C steps gains from a node of chance p at cost `ratio` iff p > ratio * E / C
     assert budget.node_price() == pytest.approx(0.1 * rate)
+    price, cost = budget.node_price(), 1.0 + (0.1 + 0.2) * k  # the planned step: E = rate * C tokens
+    for p, pays in ((price * 1.01, True), (price * 0.99, False)):
+        assert ((rate * cost + p) / (cost + 0.1) > rate) == pays  # one more node at one more row
     assert DraftBudget(0.0, 0.0).node_price() == 0.0  # free rows: every node pays
     hopeless = learned_model(DraftBudget(0.1, 0.2), accepted_share=0.0)
     assert hopeless.plan(10) == 0 and hopeless.node_price() == pytest.approx(0.1)  # the rate of no draft: 1
@@ -116,7 +119,7 @@ def test_a_tree_node_pays_when_its_chance_beats_its_rows_share_of_the_planned_ra
 def test_a_verify_row_is_priced_at_the_context_it_follows():
     cost = RowCost(short=0.02, long=0.04, short_len=256, long_len=2048)
     assert cost.at(256) == pytest.approx(0.02) and cost.at(2048) == pytest.approx(0.04)
-    assert cost.at(4096) > 0.04 and RowCost(0.04, 0.0, 256, 2048).at(10_000) == 0.0  # never below 0
+    assert cost.at(4096) > 0.04 and RowCost(0.04, 0.03, 256, 2048).at(10_000) == 0.04  # never falling
     budget = DraftBudget(cost)
     budget.at_context(2048)
     long_context = budget.trim(ngram(list(range(10)), match_len=2))
@@ -138,10 +141,12 @@ def test_the_engine_times_a_verify_row_after_a_short_and_a_long_context(tiny_tar
     from completion_engine.config import EngineConfig
     from completion_engine.engine import PROBE_CONTEXT, PROBE_LONG, CompletionEngine
 
-    engine = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=600), tiny_target)
+    engine = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=1000), tiny_target)
     cost = engine.budget.row_cost
-    assert (cost.short_len, cost.long_len) == (PROBE_CONTEXT, 600)
+    assert (cost.short_len, cost.long_len) == (PROBE_CONTEXT, 1000)
     assert cost.short >= 0.0 and cost.long >= 0.0 and len(engine.target_runner) == 0
+    near = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=600), tiny_target)
+    assert near.budget.row_cost.long_len == 0  # timings 344 tokens apart: one price (noise, not slope)
     long = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=PROBE_LONG + 500), tiny_target)
     assert long.budget.row_cost.long_len == PROBE_LONG  # its prefill is paid at load: at most PROBE_LONG
     fixed = CompletionEngine(EngineConfig(target="t", max_draft=4, row_cost=0.05), tiny_target)

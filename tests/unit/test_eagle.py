@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from completion_engine.config import EngineConfig
+from completion_engine.draft_budget import RowCost
 from completion_engine.drafting.eagle import EagleDrafter, EagleHead, EagleWeights, TreeSettings
 from completion_engine.eagle import (
     LAYER_FIELDS,
@@ -73,7 +74,49 @@ def test_eagle_greedy_equals_plain(one_layer_target, shape, k, window):
         drafted += generation.stats.drafted
         trees += generation.stats.tree_steps
     assert 0 < accepted < drafted, "the cases should cover both acceptance and rejection"
-    assert (trees > 0) == (shape == "tree")  # at k = 1 too (a node's siblings may join it)
+    assert (trees > 0) == (shape == "tree" and k > 1)  # at k = 1 a tree would hold one node
+
+
+@pytest.mark.parametrize("price", [0.0, 0.05])
+def test_trees_with_nodes_past_the_planned_k_equal_plain(one_layer_target, price):
+    engine = eagle_engine(one_layer_target, k=12)
+    drafter = engine._model_drafter
+    drafter.size = lambda most: max(1, most // 4)  # a few levels planned ...
+    drafter.node_price = lambda: price  # ... and the likely nodes beside them
+    sizes, trees = [], 0
+    propose = drafter.propose
+
+    def recorded(context, k, sampler=None):
+        draft = propose(context, k, sampler)
+        sizes.append((len(draft.tokens), max(1, k // 4)))
+        return draft
+
+    drafter.propose = recorded
+    for prompt in random_prompts(one_layer_target.vocab_size, 8, seed=21):
+        expected = plain(engine, prompt, 40)
+        generation = engine.complete(Request(context=prompt, max_new_tokens=40, draft="model"))
+        assert generation.tokens == expected, f"a tree with nodes past k diverged on prompt {prompt}"
+        trees += generation.stats.tree_steps
+    assert trees > 0 and any(nodes > k for nodes, k in sizes)
+
+
+def test_each_step_prices_its_rows_at_its_own_context_length(one_layer_target):
+    engine = eagle_engine(one_layer_target, k=4)
+    engine.budget.row_cost = RowCost(0.01, 0.05, 0, 400)
+    priced, proposed = [], []
+    at_context, propose = engine.budget.at_context, engine._model_drafter.propose
+    engine.budget.at_context = lambda length: priced.append(length) or at_context(length)
+
+    def recorded(context, k, sampler=None):
+        proposed.append(len(context) - 1)  # the cached tokens: all but the pending one
+        return propose(context, k, sampler)
+
+    engine._model_drafter.propose = recorded
+    prompt = random_prompts(one_layer_target.vocab_size, 1, seed=22)[0]
+    engine.complete(Request(context=prompt, max_new_tokens=20, draft="model"))
+    # priced before each draft at its cached tokens (the last step, with no room left, drafts nothing)
+    assert priced[: len(proposed)] == proposed and len(proposed) > 1 and len(priced) - len(proposed) <= 1
+    assert engine.budget.ratio == pytest.approx(engine.budget.row_cost.at(priced[-1]))
 
 
 def test_eagle_hybrid_equals_plain(one_layer_target):
