@@ -73,18 +73,14 @@ def best_plan(accept: list[float], ratio: float) -> tuple[int, float]:
     >>> best_plan([0.5, 0.5, 0.5], ratio=0.2)
     (1, 1.25)
     """
-    expected, survive = 1.0, 1.0
-    if ratio <= 0.0:  # free rows: any chance of one more token is worth drafting it
-        for q in accept:
-            survive *= q
-            expected += survive
-        return len(accept), expected
     best, best_rate = 0, 1.0
+    expected, survive = 1.0, 1.0
     for k, q in enumerate(accept, start=1):
         survive *= q
         expected += survive
-        rate = expected / (1.0 + ratio * k)
-        if rate > best_rate + 1e-12:
+        rate = expected / (1.0 + max(ratio, 0.0) * k)
+        # free rows: any chance of one more token is worth drafting it
+        if ratio <= 0.0 or rate > best_rate + 1e-12:
             best, best_rate = k, rate
     return best, best_rate
 

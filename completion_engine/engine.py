@@ -159,25 +159,24 @@ class CompletionEngine:
         """The cost of one more verify row, timed after a short context and after max_context tokens
         (at most PROBE_LONG: RowCost goes on in a straight line past it, as attention's cost does)."""
         runner = self.target_runner
-        lengths = (
-            min(PROBE_CONTEXT, runner.capacity - DECODE_ROWS),
-            min(self.config.max_context, PROBE_LONG, runner.capacity - DECODE_ROWS),
-        )
-        if lengths[1] - lengths[0] < PROBE_SPAN:
-            cost = measure_row_cost(lambda n: self._probe_forward(n, lengths[0]), rows)
-            runner.truncate(0)
-            logger.info("verify forwards: one more row costs %.3f of a 1-row step", cost)
-            return RowCost(cost)
-        short, long = (measure_row_cost(lambda n, at=at: self._probe_forward(n, at), rows) for at in lengths)
+        short_len = min(PROBE_CONTEXT, runner.capacity - DECODE_ROWS)
+        long_len = min(self.config.max_context, PROBE_LONG, runner.capacity - DECODE_ROWS)
+        short = measure_row_cost(lambda n: self._probe_forward(n, short_len), rows)
+        if long_len - short_len < PROBE_SPAN:
+            cost = RowCost(short)
+        else:
+            cost = RowCost(
+                short, measure_row_cost(lambda n: self._probe_forward(n, long_len), rows), short_len, long_len
+            )
         runner.truncate(0)
         logger.info(
             "verify forwards: one more row costs %.3f of a 1-row step after %d tokens, %.3f after %d",
-            short,
-            lengths[0],
-            long,
-            lengths[1],
+            cost.at(short_len),
+            short_len,
+            cost.at(long_len),
+            long_len,
         )
-        return RowCost(short, long, *lengths)
+        return cost
 
     def _probe_forward(self, rows: int, length: int = PROBE_CONTEXT) -> None:
         """One decode forward of `rows` rows after `length` tokens (at most what fits): what the draft
