@@ -23,7 +23,7 @@ from completion_engine.runner import DECODE_ROWS, DecoderRunner
 from completion_engine.sampling import Sampler
 from completion_engine.threads import choose_threads
 from completion_engine.types import Chunk, Draft, Request, Stats
-from completion_engine.verify import greedy_accept, greedy_accept_tree, rejection_sample
+from completion_engine.verify import greedy_accept, greedy_accept_tree, greedy_choices, rejection_sample
 
 logger = logging.getLogger(__name__)
 
@@ -431,7 +431,7 @@ class CompletionEngine:
 
     def _choose(self, logits: torch.Tensor, sampler: Sampler | None) -> int:
         if sampler is None:
-            return int(logits.argmax())
+            return greedy_choices(logits.view(1, -1))[0]
         return sampler.sample(sampler.probs(logits))
 
     @staticmethod

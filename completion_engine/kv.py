@@ -95,15 +95,29 @@ class KVCache:
         padded = F.pad(v, (0, self.values.shape[2] * PANEL - head_dim))  # values: dims in panels
         self.values[layer, :, :, start : start + n] = padded.view(kv_heads, n, -1, PANEL).transpose(1, 2)
 
-    def read(self, layer: int, positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values [kv_head, n, head_dim] held at `positions` (as `write` takes them)."""
-        at = torch.tensor(positions, dtype=torch.long, device=self.keys.device)
+    def gather(self, start: int, positions: Sequence[int]) -> None:
+        """Every layer's keys and values at `positions` copied to start, start + 1, ... (one copy each).
+
+        The sources are read before anything is written, so they may overlap the targets.
+        """
+        if not positions:
+            return
+        if start + len(positions) > self.capacity:
+            raise ValueError(
+                f"KV cache full: {start + len(positions)} positions needed, capacity {self.capacity}"
+            )
+        device = self.keys.device
+        source = torch.tensor(positions, dtype=torch.long, device=device)
+        target = torch.arange(start, start + len(positions), dtype=torch.long, device=device)
         if not self.panels:
-            return self.keys[layer][:, at], self.values[layer][:, at]
-        head_dim = self.keys.shape[3]
-        keys = self.keys[layer][:, at // PANEL, :, at % PANEL].permute(1, 0, 2)  # [n, kv, d] -> [kv, n, d]
-        values = self.values[layer][:, :, at].permute(0, 2, 1, 3)  # [kv, n, value panels, PANEL]
-        return keys.contiguous(), values.reshape(*values.shape[:2], -1)[..., :head_dim].contiguous()
+            self.keys[:, :, target] = self.keys[:, :, source]
+            self.values[:, :, target] = self.values[:, :, source]
+            return
+        # keys: a position is (panel, column) in dims 2 and 4; values: the position is dim 3
+        self.keys[:, :, target // PANEL, :, target % PANEL] = self.keys[
+            :, :, source // PANEL, :, source % PANEL
+        ]
+        self.values[:, :, :, target] = self.values[:, :, :, source]
 
     def append_tokens(self, tokens: Sequence[int], row_bucket: int) -> None:
         self.token_ids.extend(tokens)

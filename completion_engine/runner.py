@@ -449,12 +449,12 @@ class DecoderRunner:
         """
         tokens, tree = self._tree
         start = len(self.cache)
-        in_place = list(path) == list(range(len(path)))  # on the kernel: nodes 0, 1, ... already sit there
-        for layer in range(self.shape.n_layers):
-            if tree.keys[layer] is not None:
+        if tree.keys[0] is None:  # the kernel left node i at start + i: move the path's nodes up
+            first = next((depth for depth, node in enumerate(path) if node != depth), len(path))
+            self.cache.gather(start + first, [start + node for node in path[first:]])
+        else:
+            for layer in range(self.shape.n_layers):
                 self.cache.write(layer, start, tree.keys[layer][:, path], tree.values[layer][:, path])
-            elif not in_place:  # the kernel left node i at start + i: move the path's nodes up
-                self.cache.write(layer, start, *self.cache.read(layer, [start + node for node in path]))
         if self.features is not None:
             self.features[start : start + len(path)] = tree.hidden[path]
             self.features_valid[start : start + len(path)] = True

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from completion_engine import row_invariant
+from completion_engine.kv import KVCache
 from completion_engine.models import LoadedModel
 from completion_engine.runner import (
     ANY_ROWS,
@@ -394,6 +395,25 @@ def test_accepting_a_path_leaves_the_cache_of_plain_decoding(make_runner):
         plain.extend([tree_tokens[i]])
     assert plain.cache.row_buckets == runner.cache.row_buckets
     assert torch.equal(runner.extend(after, all_logits=True), plain.extend(after, all_logits=True))
+
+
+@pytest.mark.parametrize("panels", [False, True])
+def test_gathering_positions_moves_every_layers_keys_and_values(panels):
+    layers, kv_heads, head_dim = 3, 2, 40  # 40: the values' last panel is part padding
+    cache = KVCache(layers, kv_heads, head_dim, 128, torch.float32, torch.device("cpu"), panels=panels)
+    expected = KVCache(layers, kv_heads, head_dim, 128, torch.float32, torch.device("cpu"), panels=panels)
+    keys = torch.randn(layers, kv_heads, 80, head_dim, generator=torch.Generator().manual_seed(3))
+    values = torch.randn(layers, kv_heads, 80, head_dim, generator=torch.Generator().manual_seed(4))
+    sources = [31, 32, 45, 70]  # across panels; the targets 30 .. 33 overlap the first two sources
+    moved = list(range(80))
+    moved[30:34] = sources
+    for layer in range(layers):
+        cache.write(layer, 0, keys[layer], values[layer])
+        expected.write(layer, 0, keys[layer][:, moved], values[layer][:, moved])
+    cache.gather(30, sources)
+    assert torch.equal(cache.keys, expected.keys) and torch.equal(cache.values, expected.values)
+    with pytest.raises(ValueError, match="KV cache full"):
+        cache.gather(126, sources)
 
 
 def test_a_tree_needs_parents_before_children():

@@ -11,7 +11,7 @@ from completion_engine.config import EngineConfig
 from completion_engine.engine import CompletionEngine
 from completion_engine.sampling import Sampler, top_p_filter
 from completion_engine.types import Request
-from completion_engine.verify import greedy_accept, rejection_sample
+from completion_engine.verify import greedy_accept, greedy_choices, rejection_sample
 
 VOCAB = 5
 SAMPLES = 20_000
@@ -74,6 +74,15 @@ def test_greedy_accept_takes_the_longest_agreeing_prefix():
     assert greedy_accept([1, 2, 3], logits) == (2, 5)  # 1, 2 agree; 3 != 5 -> recovered token 5
     assert greedy_accept([1, 2, 5], logits) == (3, 4)  # all agree -> bonus token 4
     assert greedy_accept([], logits[:1]) == (0, 1)
+
+
+def test_greedy_choices_are_argmax_even_with_ties_and_masked_tokens():
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randint(-3, 4, (64, 300), generator=generator).float()  # many ties a row
+    logits[::3, ::2] = float("-inf")  # as token healing masks
+    logits[5] = float("-inf")
+    logits[5, 299] = 0.0
+    assert greedy_choices(logits) == logits.argmax(dim=-1).tolist()
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
