@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -215,6 +216,7 @@ class CompletionEngine:
             draft = None
         engine = cls(config, target, draft)
         _ = engine.token_table  # build it now (about a second for a 49k vocabulary), not on the first request
+        settle_heap()
         return engine
 
     @property
@@ -492,6 +494,19 @@ class CompletionEngine:
         if not delta and not kept:
             return None
         return Chunk(text=delta, tokens=kept, source=source, accepted=min(accepted, len(kept)))
+
+
+def settle_heap() -> None:
+    """Collect once, then move every object alive now out of the cyclic collector's reach (gc.freeze).
+
+    A loaded engine is some 370,000 long-lived Python objects (the tokenizer's, torch's, the
+    libraries'). Python's full collection walks all of them whenever enough new objects have
+    survived; during decoding that fired about once in 8 completions and stalled that one for
+    ~120 ms (a 64-token completion decodes in ~0.5 s). Frozen, they are still freed when nothing
+    refers to them; only cycles among them are never collected.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _stop(text: str, stops: tuple[str, ...], stop_check: StopCheck | None) -> tuple[str, int] | None:
