@@ -497,14 +497,16 @@ class CompletionEngine:
 
 
 def settle_heap() -> None:
-    """Collect once, then move every object alive now out of the cyclic collector's reach (gc.freeze).
+    """Collect, then move every object alive now out of the cyclic collector's reach (gc.freeze).
 
     A loaded engine is some 370,000 long-lived Python objects (the tokenizer's, torch's, the
     libraries'). Python's full collection walks all of them whenever enough new objects have
     survived; during decoding that fired about once in 8 completions and stalled that one for
-    ~120 ms (a 64-token completion decodes in ~0.5 s). Frozen, they are still freed when nothing
-    refers to them; only cycles among them are never collected.
+    ~120 ms (a 64-token completion decodes in ~0.5 s). Frozen objects are still freed when nothing
+    refers to them, but no cycle through them is ever collected, so each load first unfreezes what
+    earlier loads froze: an engine dropped before another loads is collected like any garbage.
     """
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
 

@@ -22,7 +22,7 @@ def greedy_choices(logits: torch.Tensor) -> list[int]:
     """Each row's argmax (the first index of its largest logit): plain decoding's and verification's choice.
 
     `max` over the last dim finds the same index as `argmax` (both document the first maximal value)
-    at a third of the time on the CPU: argmax runs scalar, about 60 us a 49k-token row.
+    at a third of the time on the CPU: argmax runs scalar, about 60 us a 49k-token row a thread.
 
     >>> greedy_choices(torch.tensor([[0.0, 2.0, 2.0], [3.0, 1.0, 3.0]]))
     [1, 0]

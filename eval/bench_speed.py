@@ -140,6 +140,7 @@ def run_configuration(
         close_peers(peers)
     write_report(folder / name, rows, meta, plots=main and not args.no_plots)
     del engine, peers, runner
+    gc.unfreeze()  # settle_heap froze the loaded engine: let its cycles be collected too
     gc.collect()  # free this configuration's model before the next one loads
     return summarize(rows)
 
