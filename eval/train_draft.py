@@ -163,6 +163,15 @@ def causal_layer(
 
     layer maps LAYER_FIELDS (and optionally "qkv_bias") to tensors.
     """
+    q, k, v = layer_qkv(x, layer, s, cos, sin)
+    attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return layer_rest(x, attn, layer, s)
+
+
+def layer_qkv(
+    x: torch.Tensor, layer: Mapping[str, torch.Tensor], s: DecoderShape, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decoder layer's rotated queries [B, heads, T, dim] and keys, values [B, kv_heads, T, dim] over x."""
     batch, length, _ = x.shape
     q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
     h = rms_norm(x, layer["input_norm"], s.rms_eps)
@@ -172,10 +181,15 @@ def causal_layer(
     q = (q * cos + rotate_half(q) * sin).to(v.dtype)
     k = (k * cos + rotate_half(k) * sin).to(v.dtype)
     v = v.view(batch, length, s.n_kv_heads, s.head_dim)
-    attn = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
-    )
-    x = x + F.linear(attn.transpose(1, 2).reshape(batch, length, q_size), layer["out"])
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def layer_rest(
+    x: torch.Tensor, attn: torch.Tensor, layer: Mapping[str, torch.Tensor], s: DecoderShape
+) -> torch.Tensor:
+    """The rest of the layer after attention: attn [B, heads, T, dim] -> the layer's output [B, T, hidden]."""
+    batch, length, _ = x.shape
+    x = x + F.linear(attn.transpose(1, 2).reshape(batch, length, s.n_heads * s.head_dim), layer["out"])
     h = rms_norm(x, layer["post_norm"], s.rms_eps)
     gate, up = F.linear(h, layer["gate_up"]).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, layer["down"])
@@ -295,6 +309,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="eagle: the target's earlier layers the head reads beside the last (EAGLE-3), e.g. 1,14; "
         "default: those of --init-head, else none. A head continued with more layers starts with "
         "zero weights on the new ones (it drafts as before until it learns to use them)",
+    )
+    parser.add_argument(
+        "--unroll",
+        type=int,
+        default=None,
+        help="eagle: draft depths trained, the later ones from the head's own guesses as when drafting "
+        "(a training-time test; default 3)",
     )
 
 

@@ -579,6 +579,42 @@ def test_training_labels_are_the_targets_choice_and_its_top_tokens_on_the_subset
     assert torch.isfinite(loss) and 0.0 <= agreement <= 1.0 and head.fc.grad is not None
 
 
+def test_ttt_mask_lets_a_chain_token_see_the_true_prefix_then_its_chain():
+    from eval.train_eagle import ttt_mask
+
+    assert torch.equal(ttt_mask(4, 1), torch.ones(4, 4).tril().bool())  # depth 1: causal over f
+    mask = ttt_mask(5, 3)  # keys: depth 1's 0..4, depth 2's 0..4, depth 3's 0..4
+    assert mask[4].nonzero().flatten().tolist() == [0, 1, 2, 5 + 3, 10 + 4]  # p = 2, then slots 3, 4
+    assert mask[2].nonzero().flatten().tolist() == [0, 5 + 1, 10 + 2]  # p = 0
+    assert int(mask.sum(1).min()) >= 1  # no row without a key (rows t < 2 are not trained)
+
+
+@pytest.mark.parametrize("p", [0, 3, 9])
+def test_unrolled_depths_are_the_chain_drafting_computes(one_layer_target, p):
+    # depth j at position p + j - 1 = the j-th token of a chain drafted after position p: the head's
+    # layer over the target's features up to p, then its own guesses
+    from eval.train_eagle import TrainableHead
+
+    target = one_layer_target.weights
+    head = TrainableHead(target, torch.arange(480))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        head.fc.add_(0.05 * torch.randn_like(head.fc))
+    ids = torch.tensor(random_prompts(one_layer_target.vocab_size, 1, seed=9)[0][:16])[None]
+    runner = DecoderRunner(target, exact=True, capacity=64, keep_features=True)
+    runner.prefill(ids[0].tolist())
+    features = runner.features[: ids.shape[1] - 1][None].float()
+    next_ids = ids[:, 1:]
+    with torch.no_grad():
+        unrolled = head.unrolled(features, next_ids, 3)
+        chain = features[:, : p + 1]
+        for j in range(1, 4):
+            g = head(chain, next_ids[:, : p + j])[:, -1]
+            gap = (unrolled[j - 1][:, p + j - 1] - g).norm() / g.norm()  # float32 sums in other orders
+            assert gap < 1e-5, (j, float(gap))
+            chain = torch.cat([chain, g[:, None]], dim=1)
+
+
 def test_training_text_comes_from_the_train_roots_or_else_the_stdlib_without_the_evaluations(tmp_path):
     import argparse
 
