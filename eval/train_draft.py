@@ -349,8 +349,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_train_distilled(args: argparse.Namespace) -> int:
-    if args.init_head or args.skip_tokens or args.feature_layers:
-        raise SystemExit("--init-head, --skip-tokens and --feature-layers are for --kind eagle")
+    if args.init_head or args.skip_tokens or args.feature_layers or args.unroll is not None:
+        raise SystemExit("--init-head, --skip-tokens, --feature-layers and --unroll are for --kind eagle")
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 

@@ -209,7 +209,8 @@ class TrainableHead(nn.Module):
                     enable_gqa=True,
                 )
             guesses.append(layer_rest(x, attn, self.layer, s))
-            inputs = torch.cat([features[:, :1], as_guess(guesses[-1][:, :-1], width)], dim=1)
+            if j < depth:
+                inputs = torch.cat([features[:, :1], as_guess(guesses[-1][:, :-1], width)], dim=1)
         return guesses
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:
