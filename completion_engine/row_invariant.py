@@ -469,7 +469,9 @@ class LayerPanels:
 class PackedLinear:
     """A Linear's weight packed for the kernel: call it as F.linear(x, weight, bias)."""
 
-    panels: torch.Tensor  # [ceil(out_features / 32), in_features, 32] float32 or bfloat16
+    # [ceil(out_features / 32), in_features, 32] float32 or bfloat16, or in AMX tile order (pack_amx)
+    # [ceil(out_features / 32), in_features / 32, 1024] bfloat16
+    panels: torch.Tensor
     out_features: int
     bias: torch.Tensor | None  # [out_features]
 
@@ -482,12 +484,19 @@ def is_bf16_valued(weight: torch.Tensor) -> bool:
     return torch.equal(weight.bfloat16().float(), weight)
 
 
-def pack(weight: torch.Tensor, bias: torch.Tensor | None = None, bf16: bool | None = None) -> PackedLinear:
+def pack(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, bf16: bool | None = None, amx_order: bool = False
+) -> PackedLinear:
     """weight [out_features, in_features] float32 on the CPU (and bias [out_features]) for the kernel.
 
     The panels are bfloat16 when every weight is a bf16 value (`bf16` None: checked here), else float32:
     the same chains and bits either way, half the bytes to stream with bf16 (decode steps read every
     weight once, so they run at memory speed).
+
+    amx_order: where the numerics are "amx" now and in_features is a multiple of 32, bf16 panels are
+    laid out in AMX tile order once here (the kernel's pack_amx), not re-laid at every product: the
+    same bits, less work per weight streamed. Such panels are refused under other numerics (a clear
+    error), so only a module built and used under one numerics asks for them.
     """
     module = kernel()
     if module is None:
@@ -495,5 +504,8 @@ def pack(weight: torch.Tensor, bias: torch.Tensor | None = None, bf16: bool | No
     if bf16 is None:
         bf16 = is_bf16_valued(weight)
     contiguous_bias = None if bias is None else bias.contiguous()
-    panels = module.pack_bf16(weight) if bf16 else module.pack(weight)
+    if bf16 and amx_order and numerics() == "amx" and weight.shape[1] % PANEL == 0:
+        panels = module.pack_amx(weight)
+    else:
+        panels = module.pack_bf16(weight) if bf16 else module.pack(weight)
     return PackedLinear(panels, weight.shape[0], contiguous_bias)

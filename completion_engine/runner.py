@@ -186,15 +186,20 @@ def decoder_linears(
             for w in weights.layers
         )
         return layers, torch_linear(weights.lm_head)
+    amx_order = row_invariant.numerics() == "amx"
+    key = "row_invariant-amx" if amx_order else "row_invariant"
     with _packing:
-        if "row_invariant" not in weights.packed:
-            pack = row_invariant.pack
+        if key not in weights.packed:
+
+            def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> row_invariant.PackedLinear:
+                return row_invariant.pack(weight, bias, amx_order=amx_order)
+
             layers = tuple(
                 LayerLinears(pack(w.qkv, w.qkv_bias), pack(w.out), pack(w.gate_up), pack(w.down))
                 for w in weights.layers
             )
-            weights.packed["row_invariant"] = (layers, pack(weights.lm_head))
-        return weights.packed["row_invariant"]
+            weights.packed[key] = (layers, pack(weights.lm_head))
+        return weights.packed[key]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

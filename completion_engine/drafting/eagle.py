@@ -104,7 +104,7 @@ def head_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -
     keeps the output exact.
     """
     if packed:
-        return row_invariant.pack(weight.bfloat16().float(), bias, bf16=True)
+        return row_invariant.pack(weight.bfloat16().float(), bias, bf16=True, amx_order=True)
     return torch_linear(weight, bias)
 
 

@@ -353,7 +353,8 @@ def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(
     from completion_engine import row_invariant
 
     weights = near_head(float32_target)
-    packed = EagleHead(weights, 256)
+    with row_invariant.numerics_mode("float32"):  # built as it runs below (AMX-ordered panels refuse it)
+        packed = EagleHead(weights, 256)
     assert all(isinstance(linear, row_invariant.PackedLinear) for linear in vars_of(packed.linears))
 
     def bf16(m: torch.Tensor) -> torch.Tensor:  # the panels hold the Linears' weights in bf16

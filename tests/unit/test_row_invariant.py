@@ -200,6 +200,42 @@ def test_the_bf16_dot_mode_leaves_float32_panels_and_odd_widths_to_the_float32_c
             assert torch.equal(linear(x), expected)
 
 
+@pytest.mark.parametrize("out_features, in_features", [(576, 1536), (57, 64), (48, 32), (100, 320)])
+def test_panels_in_amx_tile_order_give_the_bits_of_plain_panels(out_features, in_features):
+    # 57 and 48 outputs: a last panel of 25 and 16 columns; rows 1-32 stream a panel, 40 and 130 take
+    # the prefill path (two row tiles over the whole panel)
+    generator = torch.Generator().manual_seed(out_features)
+    weight = torch.randn(out_features, in_features, generator=generator).bfloat16().float()
+    bias = torch.randn(out_features, generator=generator)
+    x = torch.randn(130, in_features, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        with numerics_or_skip("amx"):
+            plain = row_invariant.pack(weight, bias)
+            ordered = row_invariant.pack(weight, bias, amx_order=True)
+            assert ordered.panels.shape == (-(-out_features // 32), in_features // 32, 1024)
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                for rows in (1, 2, 3, 7, 16, 17, 32, 40, 130):
+                    assert torch.equal(ordered(x[:rows]), plain(x[:rows])), (rows, count)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_amx_order_is_asked_only_where_it_applies_and_refused_under_other_numerics():
+    generator = torch.Generator().manual_seed(21)
+    weight = torch.randn(40, 64, generator=generator).bfloat16().float()
+    odd = torch.randn(40, 48, generator=generator).bfloat16().float()  # k not a multiple of 32
+    with numerics_or_skip("amx"):
+        assert row_invariant.pack(odd, amx_order=True).panels.shape == (2, 48, 32)  # the usual layout
+        assert row_invariant.pack(torch.randn(40, 64), amx_order=True).panels.dtype == torch.float32
+        ordered = row_invariant.pack(weight, amx_order=True)
+    with row_invariant.numerics_mode("float32"):
+        assert row_invariant.pack(weight, amx_order=True).panels.shape == (2, 64, 32)
+        with pytest.raises(RuntimeError, match="AMX tile order"):
+            ordered(torch.randn(3, 64))
+
+
 def test_other_weights_keep_float32_panels_and_bf16_panels_refuse_them():
     weight = torch.randn(64, 32, generator=torch.Generator().manual_seed(10))
     assert row_invariant.pack(weight).panels.dtype == torch.float32
