@@ -39,10 +39,28 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     2
     """
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    # slices compared in C, halving towards the first difference: the common case, one sequence
+    # extending the other, costs one comparison rather than n steps of a Python loop
+    if _equal(a, b, 0, n):
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], and they differ somewhere in [lo, hi)
+    while hi - lo > PREFIX_SCAN:
+        mid = (lo + hi) // 2
+        if _equal(a, b, lo, mid):
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+PREFIX_SCAN = 32  # the last span is scanned element by element
+
+
+def _equal(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> bool:
+    x, y = a[lo:hi], b[lo:hi]
+    return x == y if type(x) is type(y) else list(x) == list(y)
 
 
 class KVCache:

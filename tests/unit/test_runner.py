@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from completion_engine import row_invariant
-from completion_engine.kv import KVCache
+from completion_engine.kv import KVCache, common_prefix_len
 from completion_engine.models import LoadedModel
 from completion_engine.runner import (
     ANY_ROWS,
@@ -476,3 +476,13 @@ def test_a_runner_on_amx_linears_keeps_a_bf16_cache_and_attends_on_amx(
         assert cache_dtype(tiny_target_fp32) == torch.float32  # float32 panels: fma chains throughout
     with numerics_or_skip("float32"):
         assert cache_dtype(tiny_target_fp32_bf16_valued) == torch.float32
+
+
+def test_common_prefix_len_is_the_first_difference_for_lists_tuples_and_every_split():
+    rng = random.Random(5)
+    for _ in range(3000):
+        a = [rng.randint(0, 2) for _ in range(rng.randint(0, 300))]
+        b = a[: rng.randint(0, len(a))] + [rng.randint(0, 2) for _ in range(rng.randint(0, 80))]
+        want = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        for first, second in ((a, b), (b, a), (tuple(a), b), (a, tuple(b))):
+            assert common_prefix_len(first, second) == want
