@@ -305,6 +305,7 @@ class EagleDrafter:
         # on the kernel exactly where the target's runner is (a float32 runner forced onto torch too)
         self.head = EagleHead(weights, runner.cache.capacity, packed=runner.row_invariant_kernel)
         self.vocab_map = weights.vocab_map
+        self._token_of = weights.vocab_map.tolist()  # head row -> token id, without a tensor index per node
         self.target_vocab = runner.shape.vocab
         self.min_prob = min_prob
         self.tree = tree
@@ -423,10 +424,12 @@ class EagleDrafter:
             rows = torch.stack([outputs[node] for node in frontier])
             top = torch.log_softmax(self.head.logits(rows), dim=-1).topk(settings.width, dim=-1)
             children = []
-            for i, parent in enumerate(frontier):
+            for parent, logps, head_rows in zip(
+                frontier, top.values.tolist(), top.indices.tolist(), strict=True
+            ):
                 base = nodes[parent][2] if parent >= 0 else 0.0
-                for logp, row in zip(top.values[i].tolist(), top.indices[i].tolist(), strict=True):
-                    nodes.append((int(self.vocab_map[row]), parent, base + logp, depth))
+                for logp, row in zip(logps, head_rows, strict=True):
+                    nodes.append((self._token_of[row], parent, base + logp, depth))
                     children.append(len(nodes) - 1)
             if depth == levels:
                 break
@@ -445,14 +448,17 @@ class EagleDrafter:
     ) -> dict[int, torch.Tensor]:
         """Run the head on the frontier's nodes in one forward: each sees the context and its ancestors."""
         start = self.head.length
-        visible = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)
-        visible[:, :committed] = True
+        rows, slots = [], []  # (row, slot) of each ancestor a row sees, set in one indexed write
         for row, node in enumerate(frontier):
             slot_of[node] = start + row
             up = node
             while up >= 0:
-                visible[row, slot_of[up]] = True
+                rows.append(row)
+                slots.append(slot_of[up])
                 up = nodes[up][1]
+        visible = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)
+        visible[:, :committed] = True
+        visible[rows, slots] = True
         predicted = self.head.forward(
             torch.stack([outputs[nodes[node][1]] for node in frontier]),
             [nodes[node][0] for node in frontier],
