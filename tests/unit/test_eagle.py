@@ -142,6 +142,24 @@ def test_eagle_after_reused_prefixes_and_warmups_equals_plain(one_layer_target):
         assert engine.complete(Request(context=prompt, max_new_tokens=30, draft="model")).tokens == expected
 
 
+@pytest.mark.parametrize("method", ["model", "hybrid", "ngram", "none"])
+def test_a_request_that_drafts_with_the_head_catches_it_up_in_its_prefill(one_layer_target, method):
+    """The head's pass over the prompt is done before the first token streams (prefill time), not
+    by the first draft in the decode loop; methods without the head leave it alone."""
+    engine = eagle_engine(one_layer_target, k=8)
+    prompt = random_prompts(one_layer_target.vocab_size, 1, seed=9)[0] * 4
+    expected = plain(engine, prompt, 20)
+    head = engine._model_drafter.head
+    head.restart(0)  # cold: nothing of the prompt computed
+    generation = engine.stream(Request(context=prompt, max_new_tokens=20, draft=method))
+    chunks = iter(generation)
+    next(chunks)  # the first token: nothing drafted yet
+    assert head.length == (len(prompt) - 1 if method in ("model", "hybrid") else 0)
+    for _ in chunks:
+        pass
+    assert generation.tokens == expected
+
+
 def test_a_warm_up_cancelled_while_the_head_catches_up_keeps_what_it_did(one_layer_target):
     from completion_engine.drafting.eagle import SYNC_ROWS
 
