@@ -284,21 +284,19 @@ class CompletionEngine:
                 stats.stop_reason = "length"
                 return
             logits = self._prefill(context, stats)
-            if (
-                drafter is not None
-                and self._model_drafter is not None
-                and drafter_spec(request.draft).needs_draft_model
-            ):
-                # the draft's own pass over the prompt is prefill too (after warm(), what it left to
-                # do): else the first draft paid it in the decode time (an EAGLE head's catch-up, ~10
-                # ms at 2,000 tokens), and a method run right after another on the same prompt did not
-                self._model_drafter.warm(context)
             stats.prefill_s = time.perf_counter() - started
             pending = self._choose(self._constrain(request.heal, [], [], logits[:1])[0], sampler)
             chunk = self._accept(request, [pending], "none", 0, progress, stats, budget, stop_check)
             stats.ttft_s = time.perf_counter() - started
             if chunk is not None:
                 yield chunk
+            if not progress.done and self._drafts_with_model(drafter, request.draft):
+                # the draft's own pass over the prompt (what warm() left to do) is prefill, after the
+                # first token: else the first draft paid it as decode time (an EAGLE head's catch-up,
+                # ~10 ms at 2,000 tokens), and a method run right after another on the same prompt not
+                catching_up = time.perf_counter()
+                self._model_drafter.warm(context, cancel)
+                stats.prefill_s += time.perf_counter() - catching_up
             while not progress.done:
                 if cancel is not None and cancel.is_set():
                     stats.stop_reason = "cancelled"
@@ -355,6 +353,15 @@ class CompletionEngine:
             stats.tokens = len(progress.tokens)
             stats.wall_s = time.perf_counter() - started
             self._keep_output(context, progress.tokens)
+
+    def _drafts_with_model(self, drafter: Drafter | None, method: str) -> bool:
+        """Whether this request's drafts may come from the draft model (or head)."""
+        return (
+            drafter is not None
+            and self._model_drafter is not None
+            and self.config.max_draft > 0
+            and drafter_spec(method).needs_draft_model
+        )
 
     def warm(self, context: Sequence[int], cancel: threading.Event | None = None) -> int:
         """Prefill ahead of a request for `context`, so that it finds its KV prefix ready.

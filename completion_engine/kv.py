@@ -32,8 +32,12 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+PREFIX_SCAN = 32  # common_prefix_len scans its last span element by element
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences.
+    """Length of the longest common prefix of two token sequences (lists, tuples or ranges of ints:
+    slices whose == is one bool, not numpy arrays or tensors).
 
     >>> common_prefix_len([1, 2, 3, 4], [1, 2, 5])
     2
@@ -53,9 +57,6 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     while a[lo] == b[lo]:
         lo += 1
     return lo
-
-
-PREFIX_SCAN = 32  # the last span is scanned element by element
 
 
 def _equal(a: Sequence[int], b: Sequence[int], lo: int, hi: int) -> bool:

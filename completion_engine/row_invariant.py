@@ -352,10 +352,12 @@ def usable(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 PANEL = 32  # output columns per panel (kPanel in the kernel)
+AMX_K = 32  # the reduction length (in_features) of one AMX tile product (kAmxK in the kernel)
 
 
 def linear(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None):
-    """x [rows, K] @ weight.T (+ bias): weight given as panels [>= out_features / PANEL, K, PANEL].
+    """x [rows, K] @ weight.T (+ bias): weight given as panels [>= out_features / PANEL, K, PANEL], or
+    in AMX tile order [>= out_features / PANEL, K / AMX_K, 1024] (pack_amx's; under the amx numerics).
 
     The panels may be a slice of a longer buffer (a panel's K x PANEL floats contiguous, panels at any
     stride): the KV cache keeps its keys and values this way so that attention runs on the kernel.
@@ -504,7 +506,7 @@ def pack(
     if bf16 is None:
         bf16 = is_bf16_valued(weight)
     contiguous_bias = None if bias is None else bias.contiguous()
-    if bf16 and amx_order and numerics() == "amx" and weight.shape[1] % PANEL == 0:
+    if bf16 and amx_order and numerics() == "amx" and weight.shape[1] % AMX_K == 0:
         panels = module.pack_amx(weight)
     else:
         panels = module.pack_bf16(weight) if bf16 else module.pack(weight)

@@ -77,7 +77,9 @@ class Stats:
     tokens: int = 0  # tokens generated (after stop-string truncation)
     target_forwards: int = 0  # target forward passes, prefill included
     prefill_tokens: int = 0  # context tokens the target had to compute (not reused from its KV cache)
-    prefill_s: float = 0.0
+    prefill_s: float = (
+        0.0  # the target's prefill, and the draft model's pass over the prompt (after the first token)
+    )
     ttft_s: float = 0.0  # time to the first streamed text
     wall_s: float = 0.0
     draft_s: float = 0.0  # of the decode, the time the drafters took to propose

@@ -101,7 +101,8 @@ def head_linear(weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -
     rounded too). Measured on the embedded target's head at a 2,000-slot context, two threads, a
     token with its logits: torch's float32 1-row matmuls 3.5 ms, float32 panels 1.3 ms, bf16 panels
     0.87 ms, against an 18 ms target step. The draft's bits need not match anything: verification
-    keeps the output exact.
+    keeps the output exact. Under the amx numerics the panels are in AMX tile order, which other
+    numerics refuse: a head is built and used under one numerics, as the target's runner is.
     """
     if packed:
         return row_invariant.pack(weight.bfloat16().float(), bias, bf16=True, amx_order=True)
@@ -401,7 +402,7 @@ class EagleDrafter:
             row = sampler.sample(probs) if sampler else int(probs.argmax())
             if sampler is None and float(probs[row]) < self.min_prob and tokens:
                 break
-            token = int(self.vocab_map[row])
+            token = self._token_of[row]
             tokens.append(token)
             if sampler is not None:
                 dists.append(self._over_target_vocab(probs))

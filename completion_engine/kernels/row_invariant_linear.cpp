@@ -618,7 +618,7 @@ void amx_linear(const float* xp, int64_t m, int64_t k, const uint16_t* hp, int64
     thread_local std::vector<float> acc;
     thread_local std::vector<uint16_t> buffer;  // B tiles: a ring of 2 blocks, or a whole panel's
     acc.resize(std::max<size_t>(acc.size(), m16 * kPanel));
-    uint16_t* b = amx_b_buffer(buffer, m16, blocks);
+    uint16_t* b = interleaved ? nullptr : amx_b_buffer(buffer, m16, blocks);  // tiles read as they lie
     for (int64_t p; (p = claim()) >= 0;) {
       amx_panel(xa, blocks * kAmxK, m16, blocks, hp + p * stride, k, b, acc.data(), interleaved);
       amx_outputs(acc.data(), m, std::min(kPanel, n - p * kPanel), bp ? bp + p * kPanel : nullptr, yp + p * kPanel, n);
@@ -634,13 +634,15 @@ void amx_linear(const float* xp, int64_t m, int64_t k, const uint16_t* hp, int64
 // multiple of 32). The same products, so the same bits, without the re-laying: a decode step that
 // streams them does less work per weight. Where AMX tiles are on only (linear refuses them elsewhere).
 torch::Tensor pack_amx(const torch::Tensor& weight) {
-  TORCH_CHECK(amx_on.load(std::memory_order_relaxed), "pack_amx: AMX tiles are off (row_invariant.numerics)");
+  TORCH_CHECK(bf16_dot_on.load(std::memory_order_relaxed) && amx_on.load(std::memory_order_relaxed),
+              "pack_amx: AMX tiles are off (row_invariant.numerics)");  // linear()'s condition for these panels
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) % kAmxK == 0, "pack_amx: in_features must be a multiple of 32");
   const auto panels = pack_bf16(weight);
   const int64_t count = panels.size(0), k = panels.size(1), blocks = k / kAmxK;
   auto out = torch::empty({count, blocks, 2 * kAmxTile}, panels.options());
   const uint16_t* src = reinterpret_cast<const uint16_t*>(panels.data_ptr<at::BFloat16>());
-  uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());  // torch's buffers are 64-byte aligned
+  uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(dst) % 64 == 0, "pack_amx: the allocator gave a buffer not 64-byte aligned");
   for (int64_t p = 0; p < count; ++p)
     for (int64_t block = 0; block < blocks; ++block)
       amx_interleave(src + p * k * kPanel, k, block * kAmxK, (block + 1) * kAmxK, dst + (p * blocks + block) * 2 * kAmxTile);
@@ -648,7 +650,8 @@ torch::Tensor pack_amx(const torch::Tensor& weight) {
 }
 
 // x [M, K] float32; panels [>= ceil(n / 32), K, 32] as pack() or pack_bf16() makes them, rows of a panel
-// contiguous; n the weight's rows; bias [n] or None.
+// contiguous, or [>= ceil(n / 32), K / 32, 1024] as pack_amx() makes them (AMX numerics only); n the
+// weight's rows; bias [n] or None.
 torch::Tensor linear(const torch::Tensor& input, const torch::Tensor& panels, int64_t n,
                      const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(input.device().is_cpu() && panels.device().is_cpu() && (!bias.has_value() || bias->device().is_cpu()),
@@ -1014,10 +1017,11 @@ AMX_TILES void amx_scores(const AmxAttention& x, int64_t kv, int64_t p0, int64_t
 // below 0, or NaN), in fewer instructions: no clamp above (inputs are never above 0, where exp8
 // clamps at 88), NaN kept by the operand order of the clamp below (vmaxps returns its second operand,
 // the input, where either is NaN) rather than a compare and blend, and 2^n applied by vscalefps
-// rather than built in the exponent bits and multiplied (both exact: n >= -125 at the clamp, so the
-// result is a normal float). Checked on every float32 at or below 0 and every NaN against the
-// former exp16 (exp8's steps on 16 lanes): the same bits. Measured (exp over a row of 1,900 scores,
-// one core, best of 2): 0.376 -> 0.274 us.
+// rather than built in the exponent bits and multiplied (both exact: n >= -126 at the clamp, where
+// the polynomial gives about 1.4, so the result is a normal float). Checked on every float32 at or
+// below 0 and every quiet NaN against the former exp16 (exp8's steps on 16 lanes): the same bits.
+// Measured (exp over a row of 1,900 scores, one core, best of 2): 0.376 -> 0.274 us.
+// Precondition: no input above 0 (amx_softmax's only; above 0 the result is not exp8's).
 AMX_TILES inline __m512 exp16(__m512 input) {
   __m512 x = _mm512_max_ps(_mm512_set1_ps(kExpLow), input);
   const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from collections import Counter
 
 import pytest
@@ -143,21 +144,44 @@ def test_eagle_after_reused_prefixes_and_warmups_equals_plain(one_layer_target):
 
 
 @pytest.mark.parametrize("method", ["model", "hybrid", "ngram", "none"])
-def test_a_request_that_drafts_with_the_head_catches_it_up_in_its_prefill(one_layer_target, method):
-    """The head's pass over the prompt is done before the first token streams (prefill time), not
-    by the first draft in the decode loop; methods without the head leave it alone."""
+def test_a_request_that_drafts_with_the_head_catches_it_up_before_its_first_draft(
+    one_layer_target, method, monkeypatch
+):
+    """The head's pass over the prompt runs once the first token is out, as prefill (warm()), not
+    inside the first draft; methods without the head leave it alone."""
     engine = eagle_engine(one_layer_target, k=8)
     prompt = random_prompts(one_layer_target.vocab_size, 1, seed=9)[0] * 4
     expected = plain(engine, prompt, 20)
-    head = engine._model_drafter.head
-    head.restart(0)  # cold: nothing of the prompt computed
+    drafter = engine._model_drafter
+    drafter.head.restart(0)  # cold: nothing of the prompt computed
+    events: list[tuple] = []
+    warm, propose = drafter.warm, drafter.propose
+    monkeypatch.setattr(drafter, "warm", lambda *a: events.append(("warm", len(a[0]))) or warm(*a))
+    monkeypatch.setattr(drafter, "propose", lambda *a: events.append(("propose",)) or propose(*a))
     generation = engine.stream(Request(context=prompt, max_new_tokens=20, draft=method))
     chunks = iter(generation)
-    next(chunks)  # the first token: nothing drafted yet
-    assert head.length == (len(prompt) - 1 if method in ("model", "hybrid") else 0)
+    next(chunks)  # the first token: no draft, no catch-up yet
+    assert events == [] and drafter.head.length == 0
     for _ in chunks:
         pass
     assert generation.tokens == expected
+    if method in ("model", "hybrid"):
+        assert events[0] == ("warm", len(prompt)) and ("propose",) in events[1:]
+    else:
+        assert events == [] and drafter.head.length == 0
+
+
+def test_a_request_cancelled_after_its_first_token_skips_the_heads_catch_up(one_layer_target):
+    engine = eagle_engine(one_layer_target, k=8)
+    prompt = random_prompts(one_layer_target.vocab_size, 1, seed=9)[0] * 4
+    engine._model_drafter.head.restart(0)
+    cancel = threading.Event()
+    generation = engine.stream(Request(context=prompt, max_new_tokens=20, draft="model"), cancel=cancel)
+    chunks = iter(generation)
+    next(chunks)
+    cancel.set()
+    assert list(chunks) == []
+    assert generation.stats.stop_reason == "cancelled" and engine._model_drafter.head.length == 0
 
 
 def test_a_warm_up_cancelled_while_the_head_catches_up_keeps_what_it_did(one_layer_target):
