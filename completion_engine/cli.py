@@ -115,13 +115,14 @@ def run_complete(args: argparse.Namespace) -> int:
 
 
 def format_stats(stats: dict) -> str:
-    decode_s = stats["wall_s"] - stats["prefill_s"]
+    decode_s = stats["decode_s"]
+    catch_up = f"  draft catch-up {stats['draft_prefill_s']:.3f} s" if stats["draft_prefill_s"] else ""
     lines = [
         f"tokens {stats['tokens']}  target forwards {stats['target_forwards']}  "
         f"drafted {stats['drafted']}  accepted {stats['accepted']}  "
         f"mean accepted length {stats['mean_accepted_len']}",
         f"prefill {stats['prefill_tokens']} tokens in {stats['prefill_s']:.3f} s  "
-        f"ttft {stats['ttft_s']:.3f} s  "
+        f"ttft {stats['ttft_s']:.3f} s{catch_up}  "
         f"decode {decode_s:.3f} s ({stats['decode_tokens_per_s']} tok/s)  wall {stats['wall_s']:.3f} s  "
         f"stop: {stats['stop_reason']}",
     ]

@@ -291,12 +291,13 @@ class CompletionEngine:
             if chunk is not None:
                 yield chunk
             if not progress.done and self._drafts_with_model(drafter, request.draft):
-                # the draft's own pass over the prompt (what warm() left to do) is prefill, after the
-                # first token: else the first draft paid it as decode time (an EAGLE head's catch-up,
-                # ~10 ms at 2,000 tokens), and a method run right after another on the same prompt not
+                # the draft's own pass over the prompt (what warm() left to do), after the first
+                # token and apart from the decode time: else the first draft paid it as decode (an EAGLE
+                # head's catch-up, ~10 ms at 2,000 tokens), and a method run right after another on
+                # the same prompt did not
                 catching_up = time.perf_counter()
                 self._model_drafter.warm(context, cancel)
-                stats.prefill_s += time.perf_counter() - catching_up
+                stats.draft_prefill_s = time.perf_counter() - catching_up
             while not progress.done:
                 if cancel is not None and cancel.is_set():
                     stats.stop_reason = "cancelled"

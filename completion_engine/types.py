@@ -77,9 +77,8 @@ class Stats:
     tokens: int = 0  # tokens generated (after stop-string truncation)
     target_forwards: int = 0  # target forward passes, prefill included
     prefill_tokens: int = 0  # context tokens the target had to compute (not reused from its KV cache)
-    prefill_s: float = (
-        0.0  # the target's prefill, and the draft model's pass over the prompt (after the first token)
-    )
+    prefill_s: float = 0.0  # the target's prefill of the context (before the first token)
+    draft_prefill_s: float = 0.0  # the draft model's pass over the prompt, just after the first token
     ttft_s: float = 0.0  # time to the first streamed text
     wall_s: float = 0.0
     draft_s: float = 0.0  # of the decode, the time the drafters took to propose
@@ -100,7 +99,8 @@ class Stats:
 
     @property
     def decode_s(self) -> float:
-        return max(self.wall_s - self.prefill_s, 0.0)
+        """The generation's time after the prompt's processing (the target's and the draft's)."""
+        return max(self.wall_s - self.prefill_s - self.draft_prefill_s, 0.0)
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -123,6 +123,8 @@ class Stats:
             "accepted": self.accepted,
             "prefill_tokens": self.prefill_tokens,
             "prefill_s": round(self.prefill_s, 4),
+            "draft_prefill_s": round(self.draft_prefill_s, 4),
+            "decode_s": round(self.decode_s, 4),
             "ttft_s": round(self.ttft_s, 4),
             "wall_s": round(self.wall_s, 4),
             "draft_s": round(self.draft_s, 4),

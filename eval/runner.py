@@ -70,7 +70,7 @@ def method_row(stats: dict, raw_text: str, text: str, tokens: list[int]) -> dict
 
     raw_text: the generation as the stop check cut it; text: after the stopper's clean-up.
     """
-    decode_s = max(stats["wall_s"] - stats["prefill_s"], 0.0)
+    decode_s = stats["decode_s"]
     acceptance = {
         source: round(s["accepted"] / s["drafted"], 4) if s["drafted"] else 0.0
         for source, s in stats["by_source"].items()

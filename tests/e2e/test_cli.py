@@ -31,12 +31,15 @@ def test_json_output_has_text_and_stats(capsys):
         "drafted",
         "accepted",
         "prefill_s",
+        "draft_prefill_s",
+        "decode_s",
         "ttft_s",
         "wall_s",
         "draft_s",
     ):
         assert field in out
-    assert 0 <= out["draft_s"] <= out["wall_s"] - out["prefill_s"] + 1e-3  # (each rounded to 0.1 ms)
+    assert 0 <= out["draft_s"] <= out["decode_s"] + 1e-3  # (each rounded to 0.1 ms)
+    assert abs(out["decode_s"] - (out["wall_s"] - out["prefill_s"] - out["draft_prefill_s"])) < 1e-3
     assert isinstance(out["text"], str) and 0 < out["tokens"] <= 12
     assert "ngram" in out["by_source"] or out["drafted"] == 0
 

@@ -165,10 +165,12 @@ def test_a_request_that_drafts_with_the_head_catches_it_up_before_its_first_draf
     for _ in chunks:
         pass
     assert generation.tokens == expected
+    stats = generation.stats
     if method in ("model", "hybrid"):
         assert events[0] == ("warm", len(prompt)) and ("propose",) in events[1:]
+        assert stats.draft_prefill_s > 0 and stats.decode_s < stats.wall_s - stats.prefill_s
     else:
-        assert events == [] and drafter.head.length == 0
+        assert events == [] and drafter.head.length == 0 and stats.draft_prefill_s == 0
 
 
 def test_a_request_cancelled_after_its_first_token_skips_the_heads_catch_up(one_layer_target):
