@@ -290,14 +290,17 @@ class CompletionEngine:
             stats.ttft_s = time.perf_counter() - started
             if chunk is not None:
                 yield chunk
-            if not progress.done and self._drafts_with_model(drafter, request.draft):
+            drafts_follow = not progress.done and budget - len(progress.tokens) > 1  # the loop's k > 0
+            if drafts_follow and self._drafts_with_model(drafter, request.draft):
                 # the draft's own pass over the prompt (what warm() left to do), after the first
                 # token and apart from the decode time: else the first draft paid it as decode (an EAGLE
                 # head's catch-up, ~10 ms at 2,000 tokens), and a method run right after another on
                 # the same prompt did not
                 catching_up = time.perf_counter()
-                self._model_drafter.warm(context, cancel)
-                stats.draft_prefill_s = time.perf_counter() - catching_up
+                try:
+                    self._model_drafter.warm(context, cancel)
+                finally:
+                    stats.draft_prefill_s = time.perf_counter() - catching_up
             while not progress.done:
                 if cancel is not None and cancel.is_set():
                     stats.stop_reason = "cancelled"

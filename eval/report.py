@@ -3,7 +3,8 @@
 Aggregates are over cases, weighted by work: tokens/s is total tokens over total decode time, and
 a method's speedup is the total decode time of plain decoding over its own on the same cases
 (the geometric mean of per-case speedups is given beside it). Every speed is decode phase only:
-wall time minus prefill, with the prefill reused from a cold run so all methods start equal.
+wall time minus prefill (the target's, and a draft model's catch-up over the prompt), with the
+target's prefill reused from a cold run so all methods start equal.
 """
 
 from __future__ import annotations
@@ -236,7 +237,8 @@ def speed_table(summary: dict) -> list[str]:
     engine_prefill = _fmt(summary.get("prefill_tokens_per_s"), 0)
     cold, edit = _fmt(summary["median_cold_ttft_s"], 3), _fmt(summary.get("median_edit_ttft_s"), 3)
     lines = [
-        "Decode: tokens/s of the decode phase (wall time minus prefill). Speedup: plain decoding's total "
+        "Decode: tokens/s of the decode phase (wall time minus prefill, a draft model's catch-up over the "
+        "prompt included). Speedup: plain decoding's total "
         "decode time over the method's, same cases (geometric mean of per-case speedups in brackets); "
         "engine methods against the engine's `none`, peers against their own plain decoding. vs HF plain: "
         "decode tokens/s over stock `generate()`'s (the peers run bf16 where the hardware multiplies "

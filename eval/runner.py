@@ -4,7 +4,8 @@ Per case:
 1. The case's open documents replace the previous case's in the n-gram corpus.
 2. A cold prefill (`max_new_tokens=1`) fills the target's KV cache: its time is the case's cold
    time to first token. Every method then reuses that cache (the last logits included), so none
-   pays a prefill and their decode phases (wall - prefill) compare on equal terms.
+   pays a prefill and their decode phases (wall - prefill - a draft model's catch-up over the
+   prompt: Stats.decode_s) compare on equal terms.
 3. `none` (plain greedy decoding) runs first, then the other methods, each through the one completion
    path the CLI and the server use (`completion_engine.completion.complete`): same prompt, same stop
    policy, same final clean-up.

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from completion_engine.cli import main
+from completion_engine.cli import format_stats, main
+from completion_engine.types import Stats
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SAMPLE, SHAPES = str(EXAMPLES / "sample.py"), str(EXAMPLES / "shapes.py")
@@ -42,6 +43,14 @@ def test_json_output_has_text_and_stats(capsys):
     assert abs(out["decode_s"] - (out["wall_s"] - out["prefill_s"] - out["draft_prefill_s"])) < 1e-3
     assert isinstance(out["text"], str) and 0 < out["tokens"] <= 12
     assert "ngram" in out["by_source"] or out["drafted"] == 0
+
+
+@pytest.mark.parametrize("catch_up", [0.0, 0.25])
+def test_the_stats_line_shows_a_drafts_catch_up_apart_from_the_decode(catch_up):
+    stats = Stats(tokens=10, prefill_s=0.5, draft_prefill_s=catch_up, ttft_s=0.6, wall_s=2.0)
+    line = format_stats(stats.as_dict())
+    assert ("draft catch-up 0.250 s" in line) == (catch_up > 0)
+    assert f"decode {2.0 - 0.5 - catch_up:.3f} s" in line
 
 
 def test_every_draft_method_gives_the_same_text(capsys):
