@@ -14,7 +14,7 @@ import torch
 from completion_engine.config import EngineConfig
 from completion_engine.defaults import EAGLE_NAME
 from completion_engine.draft_budget import DraftBudget, RowCost, best_time, measure_row_cost, tree_depth
-from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec
+from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec, needs_draft_model
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
 from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
 from completion_engine.drafting.tree import first_chain
@@ -290,8 +290,8 @@ class CompletionEngine:
             stats.ttft_s = time.perf_counter() - started
             if chunk is not None:
                 yield chunk
-            drafts_follow = not progress.done and budget - len(progress.tokens) > 1  # the loop's k > 0
-            if drafts_follow and self._drafts_with_model(drafter, request.draft):
+            first_k = min(self.config.max_draft, budget - len(progress.tokens) - 1)  # the loop's first k
+            if not progress.done and first_k > 0 and needs_draft_model(request.draft):
                 # the draft's own pass over the prompt (what warm() left to do), after the first
                 # token and apart from the decode time: else the first draft paid it as decode (an EAGLE
                 # head's catch-up, ~10 ms at 2,000 tokens), and a method run right after another on
@@ -357,15 +357,6 @@ class CompletionEngine:
             stats.tokens = len(progress.tokens)
             stats.wall_s = time.perf_counter() - started
             self._keep_output(context, progress.tokens)
-
-    def _drafts_with_model(self, drafter: Drafter | None, method: str) -> bool:
-        """Whether this request's drafts may come from the draft model (or head)."""
-        return (
-            drafter is not None
-            and self._model_drafter is not None
-            and self.config.max_draft > 0
-            and drafter_spec(method).needs_draft_model
-        )
 
     def warm(self, context: Sequence[int], cancel: threading.Event | None = None) -> int:
         """Prefill ahead of a request for `context`, so that it finds its KV prefix ready.

@@ -237,8 +237,8 @@ def speed_table(summary: dict) -> list[str]:
     engine_prefill = _fmt(summary.get("prefill_tokens_per_s"), 0)
     cold, edit = _fmt(summary["median_cold_ttft_s"], 3), _fmt(summary.get("median_edit_ttft_s"), 3)
     lines = [
-        "Decode: tokens/s of the decode phase (wall time minus prefill, a draft model's catch-up over the "
-        "prompt included). Speedup: plain decoding's total "
+        "Decode: tokens/s of the decode phase (wall time minus prefill and minus a draft model's catch-up "
+        "over the prompt). Speedup: plain decoding's total "
         "decode time over the method's, same cases (geometric mean of per-case speedups in brackets); "
         "engine methods against the engine's `none`, peers against their own plain decoding. vs HF plain: "
         "decode tokens/s over stock `generate()`'s (the peers run bf16 where the hardware multiplies "
