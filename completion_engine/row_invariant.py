@@ -381,10 +381,12 @@ def attention(
     row's result depends on nothing else (other rows, their count, threads), so attention needs no
     padding rows and no key buckets.
 
-    tree (parents [rows] int64, start): the rows are a token tree's nodes, node i's keys and values
-    written at position start + i, parents[i] < i (parents[0] == -1). Node i attends to positions
-    [0, start) and then to its root-to-node path (lengths[i] == start + depth + 1), with the bits it
-    would get were that path written at start, start + 1, ...: one call verifies the whole tree.
+    tree (parents [nodes] int64, start): a token tree (a forest: several roots may be) whose node j's
+    keys and values lie at position start + j, parents[j] < j or -1 (a root); the rows are its last
+    `rows` nodes (a verify block: all of them; a draft head: the level it adds to earlier ones). A
+    row attends to positions [0, start) and then to its node's root-to-node path (lengths[i] ==
+    start + depth + 1), with the bits it would get were that path written at start, start + 1, ...:
+    one call verifies a whole tree.
 
     A bfloat16 cache (the amx numerics' cache: `cache_dtype`) is read on AMX tiles: q and the
     probabilities rounded to bf16, each score and output one chain of tdpbf16ps over blocks of 32;
@@ -433,7 +435,8 @@ def layer(
     x [n, hidden] at positions start..; norms (input, post); rope (cos, sin) [n, d]; heads (heads,
     kv_heads); cache (keys, values) of this layer in the panel layout, written for the n positions;
     lengths [n] keys each row sees; rows (first, end): the rows that go on past attention.
-    parents: the rows are a token tree's nodes (as `attention` takes them; rows must be (0, n)).
+    parents: the rows are a token tree's last nodes (as `attention` takes them), written at
+    start + len(parents) - n ..; rows must be (0, n).
     -> [end - first, hidden]
     """
     return kernel().layer(

@@ -803,10 +803,11 @@ struct AttentionCall {
   int64_t rows, heads, kv_heads, d, longest;
   float scale;
   float* out;  // [rows, heads * d]
-  // A token tree (else nullptr): row i is node i, its keys and values written at position start + i;
-  // it attends to positions [0, start) and then to its root-to-node path, path[i][t] at start + t.
+  // A token tree (else nullptr): node j's keys and values lie at position start + j, and row i, one of
+  // the last `rows` of its `nodes` nodes, attends to positions [0, start) and then to its node's
+  // root-to-node path, whose t-th node is paths[i][t] (>= t: a parent lies before its children).
   const std::vector<std::vector<int64_t>>* paths = nullptr;
-  int64_t start = 0;
+  int64_t start = 0, nodes = 0;
   const uint16_t* keys16 = nullptr;
   const uint16_t* values16 = nullptr;
 };
@@ -1176,7 +1177,7 @@ AMX_TILES void amx_chunk(const AmxAttention& all, int64_t kv, int64_t first, std
 void amx_attention(const AttentionCall& a) {
   const int64_t group = a.heads / a.kv_heads, slots = a.rows * group;
   const int64_t m16 = (slots + kAmxRows - 1) / kAmxRows * kAmxRows, dblocks = (a.d + kAmxK - 1) / kAmxK;
-  const int64_t scored = a.paths ? a.start + a.rows : a.longest;  // keys scored where they lie
+  const int64_t scored = a.paths ? a.start + a.nodes : a.longest;  // keys scored where they lie
   const int64_t width = (scored + kPanel - 1) / kPanel * kPanel, panels = width / kPanel;
   const bool chunked = a.rows > kHalfRowsMost && !a.paths;
   thread_local std::vector<float> query, scores;
@@ -1248,6 +1249,9 @@ void amx_attention(const AttentionCall& a) {
 // output does not depend on the rows beside it, how many there are, or the threads. -> [rows, heads * d]
 // Keys and values in bfloat16 (the amx numerics' cache): on AMX tiles, with the same invariances
 // (amx_attention says how, and where a row's chain runs past its length).
+// parents [nodes] (a token tree, else none): node j's keys and values lie at start + j, parents[j] < j
+// or -1 (a root: several may be); the rows are the last `rows` nodes (a verify step's: every node; a
+// draft head's: the level it adds), each attending to [0, start) and then its root-to-node path.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                         const torch::Tensor& lengths, double scale, const c10::optional<torch::Tensor>& parents,
                         int64_t start) {
@@ -1278,22 +1282,28 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
     TORCH_CHECK(len[r] >= 1 && padded <= keys.size(1) * kPanel && padded <= values.size(2), "attention: a length is out of range");
     longest = std::max(longest, len[r]);
   }
-  std::vector<std::vector<int64_t>> paths;  // a token tree's: each node's path from the root
+  std::vector<std::vector<int64_t>> paths;  // a token tree's: each row's path from its root
+  const int64_t nodes = parents.has_value() ? parents->size(0) : 0;
   if (parents.has_value()) {
-    TORCH_CHECK(parents->dim() == 1 && parents->scalar_type() == torch::kInt64 && parents->size(0) == rows &&
+    TORCH_CHECK(parents->dim() == 1 && parents->scalar_type() == torch::kInt64 && nodes >= rows &&
                     rows <= kHalfRowsMost && start >= 0,
-                "attention: parents [rows] int64 of at most 16 nodes");
-    TORCH_CHECK(start + rows <= keys.size(1) * kPanel && start + rows <= values.size(2),
+                "attention: parents [nodes >= rows] int64, for at most 16 rows");
+    TORCH_CHECK(start + nodes <= keys.size(1) * kPanel && start + nodes <= values.size(2),
                 "attention: the cache does not hold the tree's nodes");
     const auto up = parents->contiguous();
     const int64_t* parent = up.data_ptr<int64_t>();
-    for (int64_t node = 0; node < rows; ++node) {
-      TORCH_CHECK(node == 0 ? parent[0] == -1 : 0 <= parent[node] && parent[node] < node,
-                  "attention: a tree needs parents[0] == -1 and 0 <= parents[i] < i");
-      std::vector<int64_t> path = node ? paths[parent[node]] : std::vector<int64_t>{};
+    std::vector<std::vector<int64_t>> all;  // every node's path
+    for (int64_t node = 0; node < nodes; ++node) {
+      TORCH_CHECK(parent[node] == -1 || (0 <= parent[node] && parent[node] < node),
+                  "attention: a tree needs parents[i] == -1 (a root) or 0 <= parents[i] < i");
+      std::vector<int64_t> path = parent[node] >= 0 ? all[parent[node]] : std::vector<int64_t>{};
       path.push_back(node);
-      paths.push_back(std::move(path));
-      TORCH_CHECK(len[node] == start + static_cast<int64_t>(paths.back().size()), "attention: a tree node's length is start + its depth + 1");
+      all.push_back(std::move(path));
+    }
+    for (int64_t row = 0; row < rows; ++row) {
+      paths.push_back(std::move(all[nodes - rows + row]));
+      TORCH_CHECK(len[row] == start + static_cast<int64_t>(paths.back().size()),
+                  "attention: a tree node's length is start + its depth + 1");
     }
   }
   if (rows <= kFewRows || parents.has_value() || amx) {
@@ -1304,6 +1314,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
     if (parents.has_value()) {
       call.paths = &paths;
       call.start = start;
+      call.nodes = nodes;
     }
     if (amx) {
       call.keys16 = reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>());
@@ -1540,6 +1551,7 @@ void write_kv(const torch::Tensor& k, const float* v, int64_t v_stride, torch::T
 // are written into the layer's cache (keys, values: views of kv.KVCache's panels); rows [first, end)
 // go on past attention (a prefill block needs none of the last layer's, its last block one).
 // linears: (panels, out_features, bias or None) for qkv, out, gate_up, down. -> x [end - first, hidden]
+// parents (a token tree, as attention takes it): the rows are its last nodes, written at start + nodes - rows ...
 torch::Tensor layer(const torch::Tensor& x, const torch::Tensor& input_norm, const torch::Tensor& post_norm, double eps,
                     const std::vector<torch::Tensor>& panels, const std::vector<int64_t>& out_features,
                     const std::vector<c10::optional<torch::Tensor>>& biases, const torch::Tensor& cos,
@@ -1555,7 +1567,8 @@ torch::Tensor layer(const torch::Tensor& x, const torch::Tensor& input_norm, con
               "layer: keys and values in the panel layout, both float32 or both bfloat16");
   const auto qkv = linear(rms_norm(x, input_norm, eps), panels[0], out_features[0], biases[0]);
   const auto qk = rotary(qkv, heads, kv_heads, cos, sin);
-  write_kv(qk[1], qkv.data_ptr<float>() + (heads + kv_heads) * d, qkv.size(1), keys, values, start);
+  const int64_t written = start + (parents.has_value() ? parents->size(0) - rows : 0);  // a tree's rows: its last nodes
+  write_kv(qk[1], qkv.data_ptr<float>() + (heads + kv_heads) * d, qkv.size(1), keys, values, written);
   if (first == end) return x.narrow(0, 0, 0);
   const auto q = qk[0].narrow(0, first, end - first).contiguous();
   TORCH_CHECK(!parents.has_value() || (first == 0 && end == rows), "layer: a token tree computes every row");

@@ -440,6 +440,7 @@ TREES = [
     [-1, 0, 1, 2, 3],  # a chain
     [-1, 0, 0, 0, 1, 2, 3, 1, 5, 4, 9],  # wide and deep
     [-1, 0, 1, 2, 3, 4, 5, 6, 7, 0, 9, 10, 11, 12, 13, 14],  # 16 nodes: two long branches
+    [-1, -1, 0, 1, -1, 2, 4, 6],  # a forest: three roots (a draft head's levels under one token)
 ]
 
 
@@ -460,7 +461,7 @@ def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(
     q = torch.randn(n, kv_heads * group, head_dim, generator=generator)
     paths = []
     for node, parent in enumerate(parents):
-        paths.append((paths[parent] if node else []) + [node])
+        paths.append((paths[parent] if parent >= 0 else []) + [node])
     lengths = torch.tensor([start + len(path) for path in paths])
     threads = torch.get_num_threads()
     try:
@@ -483,6 +484,28 @@ def test_a_tree_node_gets_the_bits_of_its_path_decoded_as_a_chain(
             q[node : node + 1].contiguous(), chain.keys[0], chain.values[0], lengths[node : node + 1], 0.125
         )
         assert torch.equal(trees[0][node : node + 1], alone), (node, path)
+
+
+@pytest.mark.parametrize("parents", TREES[1:])
+@pytest.mark.parametrize("asked", [1, 3])
+def test_the_last_nodes_of_a_tree_asked_alone_get_the_bits_they_get_among_all(parents, asked, cache_dtype):
+    """A call may ask for the last nodes only (a draft head adds a level to the nodes it computed)."""
+    start, kv_heads, group, head_dim = 40, 3, 3, 64
+    n = len(parents)
+    cache, _, _ = filled_cache(kv_heads, head_dim, start + n, seed=14, dtype=cache_dtype)
+    generator = torch.Generator().manual_seed(15)
+    cache.write(0, start, *torch.randn(2, kv_heads, n, head_dim, generator=generator))
+    q = torch.randn(n, kv_heads * group, head_dim, generator=generator)
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    lengths = torch.tensor([start + depth for depth in depths])
+    tree = (torch.tensor(parents), start)
+    every = row_invariant.attention(q, cache.keys[0], cache.values[0], lengths, 0.125, tree)
+    last = row_invariant.attention(
+        q[-asked:].contiguous(), cache.keys[0], cache.values[0], lengths[-asked:], 0.125, tree
+    )
+    assert torch.equal(every[-asked:], last)
 
 
 @pytest.mark.parametrize(
