@@ -19,6 +19,7 @@ from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, Ng
 from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
 from completion_engine.drafting.tree import first_chain
 from completion_engine.healing import TokenTable, ends_in_blank, remaining_heal, strip_heal
+from completion_engine.kv import PANEL
 from completion_engine.models import LoadedModel, check_compatible
 from completion_engine.runner import DECODE_ROWS, DecoderRunner
 from completion_engine.sampling import Sampler
@@ -105,8 +106,9 @@ class CompletionEngine:
             exact=config.exact,
             capacity=capacity,
             keep_features=eagle,
-            # the head looks no further back (one more: a warm-up's catch-up ends a slot earlier)
-            feature_window=draft.window + 1 if eagle and draft.window is not None else None,
+            # the head looks no further back: its window, rounded down to a panel (EagleHead.view_start),
+            # and one more (a warm-up's catch-up ends a slot earlier)
+            feature_window=draft.window + PANEL if eagle and draft.window is not None else None,
             feature_layers=draft.feature_layers if eagle else (),
         )
         self.threads = choose_threads(self._probe_step) if self.target_runner.device.type == "cpu" else 0

@@ -32,6 +32,10 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def round_down(n: int, multiple: int) -> int:
+    return n // multiple * multiple
+
+
 PREFIX_SCAN = 32  # common_prefix_len scans its last span element by element
 
 

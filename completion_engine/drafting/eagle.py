@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from completion_engine import row_invariant
 from completion_engine.draft_budget import MODEL, best_time
 from completion_engine.drafting.base import empty_draft
-from completion_engine.kv import common_prefix_len, round_up
+from completion_engine.kv import PANEL, common_prefix_len, round_down, round_up
 from completion_engine.runner import (
     DecoderRunner,
     DecoderShape,
@@ -136,11 +136,17 @@ class HeadLinears:
 class EagleHead:
     """The head's layer with its own KV cache; a slot per head position (tree nodes after the context).
 
-    With a `window` (the span it was trained on), a row attends to the slots of the last `window`
-    positions only. Why: a head trained on 512-token windows never saw keys further back; at the
+    With a `window` (the span it was trained on), a row attends back to the slots from
+    `view_start(position)` on: the window's first slot rounded down to a panel of PANEL slots (so a
+    row sees `window` to `window` + PANEL - 1 slots back; the kernel reads its cache from a panel's
+    start). Why a window: a head trained on 512-token windows never saw keys further back; at the
     engine's ~2,000-token prompts its first-token agreement with the target (6 completion points
     of the bench in `email`, 191 tokens) was 39.3% attending to everything and 49.2% within 512
     (`http`: 39.3% and 44.9%). It also keeps a long catch-up's attention cheap.
+
+    Where the Linears are packed (the row-invariant kernel), the layer is one kernel call
+    (row_invariant.layer: the target's own) over a cache in the kernel's panel layout, in the
+    target cache's dtype (bf16 under the amx numerics); elsewhere torch's ops and SDPA.
     """
 
     def __init__(self, weights: EagleWeights, capacity: int, packed: bool | None = None) -> None:
@@ -154,8 +160,16 @@ class EagleHead:
         s = weights.shape
         self.capacity = round_up(capacity, 128)
         device, dtype = weights.embed.device, weights.embed.dtype
-        self.keys = torch.zeros(s.n_kv_heads, self.capacity, s.head_dim, dtype=dtype, device=device)
-        self.values = torch.zeros_like(self.keys)
+        if packed:  # the kernel's panel layout (kv.KVCache's, one layer)
+            lin = self.linears
+            self.panels = row_invariant.LayerPanels.of((lin.qkv, lin.out, lin.gate_up, lin.down))
+            cache = row_invariant.cache_dtype(linears_bf16=True)
+            value_panels = -(-s.head_dim // PANEL)
+            self.keys = torch.zeros(s.n_kv_heads, self.capacity // PANEL, s.head_dim, PANEL, dtype=cache)
+            self.values = torch.zeros(s.n_kv_heads, value_panels, self.capacity, PANEL, dtype=cache)
+        else:
+            self.keys = torch.zeros(s.n_kv_heads, self.capacity, s.head_dim, dtype=dtype, device=device)
+            self.values = torch.zeros_like(self.keys)
         positions = torch.arange(self.capacity, dtype=torch.float32, device=device)
         freqs = torch.outer(positions, weights.inv_freq.to(device))
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -163,72 +177,147 @@ class EagleHead:
         self.sin = (emb.sin() * weights.rope_scale).to(dtype)
         self.tokens: list[int] = []  # x_0 .. x_n: slot i holds the pair (f_i, x_{i+1})
         self.length = 0  # slots in use
-        self.first = 0  # slots before it were not computed (see EagleDrafter._sync)
+        self.first = 0  # slots before it were not computed (see EagleDrafter._sync); a multiple of PANEL
 
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
-        self.first = min(self.first, self.length)  # below `first` nothing was computed either
+        if self.length < self.first:  # below `first` nothing was computed: nothing is now
+            self.first = self.length = round_down(self.length, PANEL)
 
     def restart(self, first: int) -> None:
-        """Compute from slot `first` on: the slots before it count as never computed."""
+        """Compute from slot `first` (a multiple of PANEL) on: the slots before it count as never computed."""
+        if first % PANEL:
+            raise ValueError(f"the head's first computed slot must be a multiple of {PANEL}, not {first}")
         self.first = self.length = first
+
+    def view_start(self, position: int) -> int:
+        """The first slot a row at `position` attends to: `first`, or its window's panel."""
+        if self.w.window is None:
+            return self.first
+        return max(self.first, round_down(max(0, position - self.w.window + 1), PANEL))
 
     def forward(
         self,
         features: torch.Tensor,
         tokens: Sequence[int],
         positions: Sequence[int],
-        visible: torch.Tensor | None = None,
+        tree: tuple[int, Sequence[int]] | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
         """Predicted next features g [n, hidden] of n new slots appended after `length`.
 
         features [n, feature_width]: the target's features per row, or [n, hidden]: a parent's g (the
-        earlier layers' blocks are then zero); positions: each row's sequence position;
-        visible [n, length + n] bool: which slots each row attends to (None: causal, all earlier slots).
-        Either way a row sees no slot before `first` (never computed) and, with a window, none more
-        than `window - 1` positions before its own.
+        earlier layers' blocks are then zero); positions: each row's sequence position.
+        tree (root, parents): the slots from `root` to the new ones' last are a token forest, slot
+        root + j's parent at root + parents[j] (-1: none); the new rows are its last nodes, and each
+        attends to the slots before `root` and to its own path (all rows from the view of the lowest
+        position). None: causal, each row to every earlier slot from its view_start on.
+        last_only: only the last row's g is computed and returned ([1, hidden]); every row's keys
+        and values are (a catch-up, which drafts from its last slot only).
         """
-        w, s = self.w, self.w.shape
+        w = self.w
         n, start = len(tokens), self.length
         if start + n > self.capacity:
             raise ValueError(f"draft head cache full: {start + n} slots, capacity {self.capacity}")
         ids = torch.tensor(tokens, dtype=torch.long, device=features.device)
-        lin, norm = self.linears, self.norm
+        norm = self.norm
         features = normed_features(features, w, norm if self.packed else None)  # torch's: as before
-        x = lin.fc(torch.cat([F.embedding(ids, w.embed), features], -1))
-        pos = torch.tensor(positions, dtype=torch.long, device=features.device)
-        layer = w.layer
+        x = self.linears.fc(torch.cat([F.embedding(ids, w.embed), features], -1))
+        positions = list(positions)
+        if self.packed:
+            out = self._kernel_layer(x, positions, tree, last_only)
+        else:
+            out = self._torch_layer(x, positions, tree)
+            out = out[-1:] if last_only else out
+        self.length = start + n
+        return out
+
+    def _kernel_layer(
+        self, x: torch.Tensor, positions: list[int], tree: tuple[int, Sequence[int]] | None, last_only: bool
+    ) -> torch.Tensor:
+        """The layer of rows x at slots length .. on the kernel: one call per group of rows sharing a view."""
+        s, layer = self.w.shape, self.w.layer
+        n, start = len(positions), self.length
+        pos = torch.tensor(positions, dtype=torch.long)
+        rope = (self.cos[pos], self.sin[pos])
+
+        def call(view: int, rows: slice, lengths: list[int], outputs: tuple[int, int], parents=None):
+            return row_invariant.layer(
+                x[rows],
+                (layer.input_norm, layer.post_norm),
+                s.rms_eps,
+                self.panels,
+                (rope[0][rows], rope[1][rows]),
+                (s.n_heads, s.n_kv_heads),
+                (self.keys[:, view // PANEL :], self.values[:, :, view:]),
+                (start if parents is None else tree[0]) - view + (rows.start or 0),
+                torch.tensor(lengths, dtype=torch.long),
+                s.head_dim**-0.5,
+                outputs,
+                parents,
+            )
+
+        if tree is not None:
+            root, parents = tree
+            view = self.view_start(min(positions))
+            depths: list[int] = []
+            for parent in parents:
+                depths.append(1 if parent < 0 else depths[parent] + 1)
+            lengths = [root - view + depth for depth in depths[len(parents) - n :]]
+            return call(view, slice(0, n), lengths, (0, n), torch.tensor(list(parents), dtype=torch.long))
+        if last_only:
+            view = self.view_start(positions[-1])
+            if view > start:  # rows before the last one's view: their keys and values only
+                before = view - start
+                call(round_down(start, PANEL), slice(0, before), [1] * before, (0, 0))
+                x, rope, pos = x[before:], (rope[0][before:], rope[1][before:]), pos[before:]
+                positions, n, start = positions[before:], n - before, view
+            return call(view, slice(0, n), [start + i + 1 - view for i in range(n)], (n - 1, n))
+        outputs, row = [], 0
+        while row < n:  # rows whose view starts at the same slot go together
+            view = self.view_start(positions[row])
+            end = row + 1
+            while end < n and self.view_start(positions[end]) == view:
+                end += 1
+            lengths = [start + i + 1 - view for i in range(row, end)]
+            outputs.append(call(view, slice(row, end), lengths, (0, end - row)))
+            row = end
+        return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+
+    def _torch_layer(
+        self, x: torch.Tensor, positions: list[int], tree: tuple[int, Sequence[int]] | None
+    ) -> torch.Tensor:
+        """The layer of rows x at slots length .. with torch's ops, the same attention as _kernel_layer."""
+        w, s = self.w, self.w.shape
+        n, start = len(positions), self.length
+        end = start + n
+        lin, norm, layer = self.linears, self.norm, w.layer
+        pos = torch.tensor(positions, dtype=torch.long, device=x.device)
         q_size, kv_size = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         qkv = lin.qkv(norm(x, layer.input_norm))
-        v = qkv[:, q_size + kv_size :].view(n, s.n_kv_heads, s.head_dim)
-        if self.packed:  # one kernel call, the maths of the torch ops below (the last bits may differ)
-            q, k = row_invariant.rotary(qkv, s.n_heads, s.n_kv_heads, self.cos[pos], self.sin[pos])
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        q = q.view(n, s.n_heads, s.head_dim)
+        k = k.view(n, s.n_kv_heads, s.head_dim)
+        v = v.view(n, s.n_kv_heads, s.head_dim)
+        cos, sin = self.cos[pos, None, :], self.sin[pos, None, :]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        self.keys[:, start:end] = k.transpose(0, 1)
+        self.values[:, start:end] = v.transpose(0, 1)
+        visible = torch.zeros(n, end, dtype=torch.bool)
+        if tree is None:
+            for row, position in enumerate(positions):
+                visible[row, self.view_start(position) : start + row + 1] = True
         else:
-            q, k, _ = qkv.split((q_size, kv_size, kv_size), dim=-1)
-            q = q.view(n, s.n_heads, s.head_dim)
-            k = k.view(n, s.n_kv_heads, s.head_dim)
-            cos, sin = self.cos[pos, None, :], self.sin[pos, None, :]
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-        self.keys[:, start : start + n] = k.transpose(0, 1)
-        self.values[:, start : start + n] = v.transpose(0, 1)
-        end = start + n
-        first = self.first  # the first slot any row may see: the ones before were never computed
-        if w.window is not None and end > w.window:
-            # context slot j holds position j; tree slots lie after every row's window start
-            first = max(first, min(positions) - w.window + 1)  # (not pos.min(): no device sync)
-        if visible is None and n == 1:
-            mask = None  # one causal row sees every slot from `first` on (its window starts there)
-        else:
-            if visible is None:
-                visible = (
-                    torch.arange(end, device=x.device)[None, :]
-                    <= torch.arange(start, end, device=x.device)[:, None]
-                )
-            mask = visible[:, first:]
-            if w.window is not None and end > w.window:
-                seen = torch.arange(first, end, device=x.device)
-                mask = mask & (seen[None, :] > pos[:, None] - w.window)
+            root, parents = tree
+            visible[:, self.view_start(min(positions)) : root] = True
+            for row in range(n):
+                node = len(parents) - n + row
+                while node >= 0:
+                    visible[row, root + node] = True
+                    node = parents[node]
+        first = min(self.view_start(position) for position in positions)
+        mask = None if n == 1 and tree is None else visible[:, first:].to(x.device)
         attn = (
             F.scaled_dot_product_attention(
                 q.transpose(0, 1)[None],
@@ -241,14 +330,8 @@ class EagleHead:
             .reshape(n, q_size)
         )
         x = x + lin.out(attn)
-        up = lin.gate_up(norm(x, layer.post_norm))
-        if self.packed:
-            up = row_invariant.silu_mul(up)
-        else:
-            gate, up = up.chunk(2, dim=-1)
-            up = F.silu(gate) * up
-        self.length = end
-        return x + lin.down(up)
+        gate, up = lin.gate_up(norm(x, layer.post_norm)).chunk(2, dim=-1)
+        return x + lin.down(F.silu(gate) * up)
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """float32 logits over the head's subset [n, subset] for predicted features [n, hidden]."""
@@ -323,6 +406,8 @@ class EagleDrafter:
         if k <= 0 or len(context) != committed + 1:
             return empty_draft(self.source)
         predicted = self._sync(context, committed)
+        if predicted is None:  # no features to draft from (see _sync)
+            return empty_draft(self.source)
         try:
             if sampler is not None:
                 return self._chain(predicted, committed, k, sampler)
@@ -345,7 +430,8 @@ class EagleDrafter:
     def token_seconds(self) -> float:
         """The best time of one head step and its logits: what drafting is priced by."""
         head = self.head
-        features = torch.zeros(1, head.w.feature_width, dtype=head.keys.dtype, device=head.keys.device)
+        embed = head.w.embed
+        features = torch.zeros(1, head.w.feature_width, dtype=embed.dtype, device=embed.device)
 
         def token() -> None:
             head.logits(head.forward(features, [0], [0]))
@@ -366,17 +452,21 @@ class EagleDrafter:
         """
         head = self.head
         keep = max(0, min(common_prefix_len(head.tokens, context[: slots + 1]) - 1, head.length, slots - 1))
-        # A windowed head's rows from the last slot on see `window` slots back at most, so older
-        # slots need not be computed (after a cold 2,000-token prefill: 512 head rows, not 2,000).
-        # A slot's keys and values depend on its own pair only, so the rows computed here are right
-        # even where they look back at slots that were not: only the last row's output is used.
+        # A windowed head's last row sees from its view_start on, so older slots need not be
+        # computed (after a cold 2,000-token prefill: ~512 head rows, not 2,000). A slot's keys and
+        # values depend on its own pair only, so the rows computed here are right even where they
+        # look back at slots that were not: only the last row's output is used.
         window = head.w.window
-        needed = 0 if window is None else max(0, slots - window)
+        needed = 0 if window is None else round_down(max(0, slots - window), PANEL)  # view_start(slots - 1)
         # ... and where the target kept no features (a prefill with a feature window), the head
-        # starts after the last position without (it then looks back less far: drafts only)
+        # starts at the first panel after the last position without (it then looks back less far)
         missing = (~self.runner.features_valid[needed:slots]).nonzero()
-        if len(missing):  # never the last slot: the runner's feature window is one wider (engine.py)
-            needed = min(needed + int(missing[-1]) + 1, slots - 1)
+        if len(missing):  # never the last slot: the runner's feature window is wider (engine.py)
+            needed = round_up(needed + int(missing[-1]) + 1, PANEL)
+            if needed > slots - 1:  # no panel start with features before the last slot: no draft
+                head.restart(0)
+                head.tokens = []
+                return None
         if keep < needed or needed < head.first:  # a gap before `keep`, or slots never computed
             head.restart(needed)
         else:
@@ -388,8 +478,11 @@ class EagleDrafter:
                 return None
             end = min(slots, begin + SYNC_ROWS)
             predicted = head.forward(
-                self.runner.features[begin:end], context[begin + 1 : end + 1], range(begin, end)
-            )[-1:]
+                self.runner.features[begin:end],
+                context[begin + 1 : end + 1],
+                range(begin, end),
+                last_only=True,
+            )
         return predicted
 
     def _chain(self, predicted: torch.Tensor, committed: int, k: int, sampler: Sampler | None) -> Draft:
@@ -449,22 +542,18 @@ class EagleDrafter:
     ) -> dict[int, torch.Tensor]:
         """Run the head on the frontier's nodes in one forward: each sees the context and its ancestors."""
         start = self.head.length
-        rows, slots = [], []  # (row, slot) of each ancestor a row sees, set in one indexed write
         for row, node in enumerate(frontier):
             slot_of[node] = start + row
-            up = node
-            while up >= 0:
-                rows.append(row)
-                slots.append(slot_of[up])
-                up = nodes[up][1]
-        visible = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)
-        visible[:, :committed] = True
-        visible[rows, slots] = True
+        # the expanded nodes, in their slots from `committed` on: a forest under the pending token
+        parents = [-1] * (start + len(frontier) - committed)
+        for node, slot in slot_of.items():
+            parent = nodes[node][1]
+            parents[slot - committed] = slot_of[parent] - committed if parent >= 0 else -1
         predicted = self.head.forward(
             torch.stack([outputs[nodes[node][1]] for node in frontier]),
             [nodes[node][0] for node in frontier],
             [committed + nodes[node][3] - 1 for node in frontier],
-            visible.to(self.head.keys.device),
+            tree=(committed, parents),
         )
         return {node: predicted[row] for row, node in enumerate(frontier)}
 

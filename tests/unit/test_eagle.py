@@ -24,6 +24,7 @@ from completion_engine.eagle import (
     save_eagle,
 )
 from completion_engine.engine import CompletionEngine
+from completion_engine.kv import PANEL
 from completion_engine.models import LoadedModel, ModelLoadError
 from completion_engine.runner import DecoderRunner
 from completion_engine.types import Request
@@ -423,36 +424,76 @@ def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(
 
 
 def test_a_windowed_head_sees_only_its_window_in_blocks_and_row_by_row(float32_target):
-    window = 8
+    """A row at position p sees the slots from p - window + 1 on, rounded down to a panel (view_start)."""
+    window, n = 40, 100
     weights = near_head(float32_target, window=window)
     hidden = weights.shape.hidden
     dtype = weights.embed.dtype
-    features = torch.randn(30, hidden, generator=torch.Generator().manual_seed(1)).to(dtype)
-    tokens = (random_prompts(float32_target.vocab_size, 1, seed=9)[0] * 8)[:30]
+    features = torch.randn(n, hidden, generator=torch.Generator().manual_seed(1)).to(dtype)
+    tokens = (random_prompts(float32_target.vocab_size, 1, seed=9)[0] * 30)[:n]
     other = features.clone()
-    other[:10] = torch.randn(10, hidden, generator=torch.Generator().manual_seed(2)).to(dtype)  # slots 0..9
+    other[:PANEL] = torch.randn(PANEL, hidden, generator=torch.Generator().manual_seed(2)).to(dtype)
 
     def rows(head: EagleHead, feats: torch.Tensor, block: int) -> torch.Tensor:
         return torch.cat(
             [
-                head.forward(feats[i : i + block], tokens[i : i + block], range(i, i + block))
-                for i in range(0, 30, block)
+                head.forward(feats[i : i + block], tokens[i : i + block], range(i, min(n, i + block)))
+                for i in range(0, n, block)
             ]
         )
 
     with torch.inference_mode():
-        blocks = rows(EagleHead(weights, 64), features, 15)
-        singly = rows(EagleHead(weights, 64), features, 1)
-        changed = rows(EagleHead(weights, 64), other, 15)
-        unwindowed = rows(EagleHead(dataclasses.replace(weights, window=None), 64), other, 15)
+        blocks = rows(EagleHead(weights, 128), features, 15)
+        singly = rows(EagleHead(weights, 128), features, 1)
+        changed = rows(EagleHead(weights, 128), other, 15)
+        unwindowed = rows(EagleHead(dataclasses.replace(weights, window=None), 128), other, 15)
     torch.testing.assert_close(blocks, singly, rtol=1e-4, atol=1e-4)
-    # row 17 attends to slots 10..17: the changed slots 0..9 are out of its window and of later rows'
-    assert torch.equal(blocks[10 + window - 1 :], changed[10 + window - 1 :])
-    assert not torch.equal(blocks[10 + window - 1 :], unwindowed[10 + window - 1 :])
-    assert not torch.equal(blocks[10 + window - 2], changed[10 + window - 2])  # row 16 still sees slot 9
+    # a row at 71 sees from round_down(71 - 39, 32) = 32: the changed first panel is out of its view
+    # and of later rows'; the row at 70 sees from 0
+    seen_from = PANEL + window - 1
+    assert torch.equal(blocks[seen_from:], changed[seen_from:])
+    assert not torch.equal(blocks[seen_from:], unwindowed[seen_from:])
+    assert not torch.equal(blocks[seen_from - 1], changed[seen_from - 1])
 
 
-@pytest.mark.parametrize("feature_window", [None, 8])
+def test_a_head_tree_row_sees_the_context_and_its_own_path(float32_target):
+    """A tree expansion's rows (tree=(root, parents)) get what a causal forward over their path gives."""
+    weights = near_head(float32_target)
+    hidden = weights.shape.hidden
+    features = torch.randn(50, hidden, generator=torch.Generator().manual_seed(3))
+    tokens = (random_prompts(float32_target.vocab_size, 1, seed=4)[0] * 10)[:50]
+    context = 40
+    # slots 40, 41: roots; 42: child of 41; 43, 44: children of 42 and 40 (the rows asked)
+    parents = [-1, -1, 1, 2, 0]
+    paths = {3: [1, 2, 3], 4: [0, 4]}
+    with torch.inference_mode():
+        for packed in (True, False):
+            head = EagleHead(weights, 128, packed=packed)
+            head.forward(features[:context], tokens[:context], range(context))
+            depth = {0: 1, 1: 1, 2: 2}
+            head.forward(
+                features[40:43],
+                tokens[40:43],
+                [context + depth[j] - 1 for j in range(3)],
+                tree=(context, parents[:3]),
+            )
+            rows = head.forward(
+                features[43:45], tokens[43:45], [context + 2, context + 1], tree=(context, parents)
+            )
+            for row, node in enumerate((3, 4)):
+                chain = EagleHead(weights, 128, packed=packed)
+                chain.forward(features[:context], tokens[:context], range(context))
+                slots = [context + j for j in paths[node]]
+                expected = chain.forward(
+                    features[slots], [tokens[s] for s in slots], range(context, context + len(slots))
+                )[-1]
+                if packed:  # the kernel's tree rows: the bits of a chain over the path
+                    assert torch.equal(rows[row], expected)
+                else:
+                    torch.testing.assert_close(rows[row], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("feature_window", [None, 8 + PANEL])
 def test_a_windowed_heads_catch_up_skips_old_slots_and_predicts_what_computing_all_would(
     float32_target, feature_window
 ):
@@ -464,23 +505,26 @@ def test_a_windowed_heads_catch_up_skips_old_slots_and_predicts_what_computing_a
     drafter = EagleDrafter(runner, weights, 0.0, None)
     base = random_prompts(float32_target.vocab_size, 1, seed=12)[0] * 8
     # long; shorter, sharing a prefix (slots never computed are needed; with a feature window the
-    # target kept no features there: the head starts after them); longer again; a step on (the
-    # cached slots are kept: the first computed slot stays)
+    # target kept no features there, up to the last panel: no draft); longer again; a step on (the
+    # cached slots are kept: the first computed slot stays). A computed slot's first is a panel's.
     third = base[:30] + [5] + base[40:70]
-    firsts = (51, 22, 52, 52) if feature_window is None else (51, 29, 52, 52)
+    firsts = (32, 0, 32, 32) if feature_window is None else (32, None, 32, 32)
     contexts = (base[:60], base[:30] + [5], third, third + base[70:73])
     for context, first in zip(contexts, firsts, strict=True):
         slots = len(context) - 1
         runner.prefill(context[:-1])
         with torch.inference_mode():
             predicted = drafter._sync(context, slots)
-            # what computing every slot gives (with a feature window: every slot from the first
-            # with a feature, after the missing ones)
-            start = 0 if feature_window is None else first
+        if first is None:
+            assert predicted is None and drafter.head.length == 0
+            assert not bool(runner.features_valid[: slots - 1].all())
+            continue
+        with torch.inference_mode():
+            # what computing every slot from the first gives
             reference = EagleHead(weights, 256)
-            reference.restart(start)
+            reference.restart(first)
             full = reference.forward(
-                runner.features[start:slots], context[start + 1 : slots + 1], range(start, slots)
+                runner.features[first:slots], context[first + 1 : slots + 1], range(first, slots)
             )
         assert drafter.head.first == first  # the window's slots were computed, not those before
         assert bool(runner.features_valid[first:slots].all())  # from features the target computed
@@ -548,7 +592,7 @@ def test_eagle_on_the_kernel_equals_plain(float32_target, tree, window):
     from completion_engine.row_invariant import PackedLinear
 
     engine = eagle_engine(float32_target, k=6, tree=tree, window=window)
-    assert engine.target_runner.feature_window == (None if window is None else window + 1)
+    assert engine.target_runner.feature_window == (None if window is None else window + PANEL)
     assert all(isinstance(linear, PackedLinear) for linear in vars_of(engine._model_drafter.head.linears))
     accepted = drafted = 0
     for prompt in random_prompts(float32_target.vocab_size, 6, seed=12):
