@@ -34,7 +34,9 @@ class EagleConfig:
     subset_size: int  # tokens the head's LM head covers
     target: str  # the target it was trained for
     hidden: int  # the target's width, checked at load
-    window: int | None = None  # the length of its training windows: how far back it attends
+    window: int | None = (
+        None  # the length of its training windows: how far back it attends (EagleHead.view_start)
+    )
     feature_layers: tuple[int, ...] = ()  # the target's earlier layers it reads beside the last (EAGLE-3)
 
     def __post_init__(self) -> None:

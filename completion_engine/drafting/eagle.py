@@ -191,10 +191,15 @@ class EagleHead:
         self.first = self.length = first
 
     def view_start(self, position: int) -> int:
-        """The first slot a row at `position` attends to: `first`, or its window's panel."""
+        """The first slot a causal row at `position` attends to: `first`, or its window's panel."""
         if self.w.window is None:
             return self.first
         return max(self.first, round_down(max(0, position - self.w.window + 1), PANEL))
+
+    def tree_view(self, root: int, positions: Sequence[int]) -> int:
+        """The first slot a tree's rows attend to: the view of the lowest position, at most the panel
+        holding `root` (a window shorter than the tree is deep sees the context's last slots still)."""
+        return min(self.view_start(min(positions)), round_down(root, PANEL))
 
     def forward(
         self,
@@ -210,15 +215,23 @@ class EagleHead:
         earlier layers' blocks are then zero); positions: each row's sequence position.
         tree (root, parents): the slots from `root` to the new ones' last are a token forest, slot
         root + j's parent at root + parents[j] (-1: none); the new rows are its last nodes, and each
-        attends to the slots before `root` and to its own path (all rows from the view of the lowest
-        position). None: causal, each row to every earlier slot from its view_start on.
-        last_only: only the last row's g is computed and returned ([1, hidden]); every row's keys
-        and values are (a catch-up, which drafts from its last slot only).
+        attends to the slots before `root` and to its own path (all rows from tree_view's slot).
+        None: causal, each row to every earlier slot from its view_start on.
+        last_only: only the last row's g is returned ([1, hidden]), and on the kernel only it goes
+        past attention; every row's keys and values are written (a catch-up, which drafts from its
+        last slot only; its first row must lie at or after the last row's view_start).
         """
         w = self.w
         n, start = len(tokens), self.length
         if start + n > self.capacity:
             raise ValueError(f"draft head cache full: {start + n} slots, capacity {self.capacity}")
+        if tree is not None and (last_only or tree[0] < self.first or tree[0] + len(tree[1]) != start + n):
+            raise ValueError(
+                f"a head tree's nodes must be the slots from its root ({tree[0]}, at or after the first "
+                f"computed, {self.first}) to the new rows' last ({start + n - 1}), every row computed"
+            )
+        if last_only and self.view_start(positions[-1]) > start:  # (_sync's blocks never are)
+            raise ValueError("a catch-up block must start at or after its last row's view")
         ids = torch.tensor(tokens, dtype=torch.long, device=features.device)
         norm = self.norm
         features = normed_features(features, w, norm if self.packed else None)  # torch's: as before
@@ -235,44 +248,24 @@ class EagleHead:
     def _kernel_layer(
         self, x: torch.Tensor, positions: list[int], tree: tuple[int, Sequence[int]] | None, last_only: bool
     ) -> torch.Tensor:
-        """The layer of rows x at slots length .. on the kernel: one call per group of rows sharing a view."""
-        s, layer = self.w.shape, self.w.layer
+        """The layer of rows x at slots length .. on the kernel: a tree or a catch-up block in one call,
+        other causal rows in one call per run of rows that share a view."""
         n, start = len(positions), self.length
         pos = torch.tensor(positions, dtype=torch.long)
-        rope = (self.cos[pos], self.sin[pos])
-
-        def call(view: int, rows: slice, lengths: list[int], outputs: tuple[int, int], parents=None):
-            return row_invariant.layer(
-                x[rows],
-                (layer.input_norm, layer.post_norm),
-                s.rms_eps,
-                self.panels,
-                (rope[0][rows], rope[1][rows]),
-                (s.n_heads, s.n_kv_heads),
-                (self.keys[:, view // PANEL :], self.values[:, :, view:]),
-                (start if parents is None else tree[0]) - view + (rows.start or 0),
-                torch.tensor(lengths, dtype=torch.long),
-                s.head_dim**-0.5,
-                outputs,
-                parents,
-            )
-
+        cos, sin = self.cos[pos], self.sin[pos]
         if tree is not None:
             root, parents = tree
-            view = self.view_start(min(positions))
-            depths: list[int] = []
+            view = self.tree_view(root, positions)
+            path_lengths: list[int] = []
             for parent in parents:
-                depths.append(1 if parent < 0 else depths[parent] + 1)
-            lengths = [root - view + depth for depth in depths[len(parents) - n :]]
-            return call(view, slice(0, n), lengths, (0, n), torch.tensor(list(parents), dtype=torch.long))
+                path_lengths.append(1 if parent < 0 else path_lengths[parent] + 1)
+            lengths = [root - view + length for length in path_lengths[len(parents) - n :]]
+            nodes = torch.tensor(list(parents), dtype=torch.long)
+            return self._run_layer(x, cos, sin, view, root - view, lengths, (0, n), nodes)
         if last_only:
             view = self.view_start(positions[-1])
-            if view > start:  # rows before the last one's view: their keys and values only
-                before = view - start
-                call(round_down(start, PANEL), slice(0, before), [1] * before, (0, 0))
-                x, rope, pos = x[before:], (rope[0][before:], rope[1][before:]), pos[before:]
-                positions, n, start = positions[before:], n - before, view
-            return call(view, slice(0, n), [start + i + 1 - view for i in range(n)], (n - 1, n))
+            lengths = [start + i + 1 - view for i in range(n)]
+            return self._run_layer(x, cos, sin, view, start - view, lengths, (n - 1, n))
         outputs, row = [], 0
         while row < n:  # rows whose view starts at the same slot go together
             view = self.view_start(positions[row])
@@ -280,9 +273,44 @@ class EagleHead:
             while end < n and self.view_start(positions[end]) == view:
                 end += 1
             lengths = [start + i + 1 - view for i in range(row, end)]
-            outputs.append(call(view, slice(row, end), lengths, (0, end - row)))
+            part = slice(row, end)
+            outputs.append(
+                self._run_layer(
+                    x[part], cos[part], sin[part], view, start + row - view, lengths, (0, end - row)
+                )
+            )
             row = end
         return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+
+    def _run_layer(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        view: int,
+        first_slot: int,
+        lengths: list[int],
+        computed: tuple[int, int],
+        parents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One kernel call over the cache from slot `view` on (a panel's start): rows x written from
+        `first_slot` there (a tree's: its first node), each seeing `lengths` slots of the view;
+        rows [computed) go on past attention."""
+        s, layer = self.w.shape, self.w.layer
+        return row_invariant.layer(
+            x,
+            (layer.input_norm, layer.post_norm),
+            s.rms_eps,
+            self.panels,
+            (cos, sin),
+            (s.n_heads, s.n_kv_heads),
+            (self.keys[:, view // PANEL :], self.values[:, :, view:]),
+            first_slot,
+            torch.tensor(lengths, dtype=torch.long),
+            s.head_dim**-0.5,
+            computed,
+            parents,
+        )
 
     def _torch_layer(
         self, x: torch.Tensor, positions: list[int], tree: tuple[int, Sequence[int]] | None
@@ -310,13 +338,16 @@ class EagleHead:
                 visible[row, self.view_start(position) : start + row + 1] = True
         else:
             root, parents = tree
-            visible[:, self.view_start(min(positions)) : root] = True
+            visible[:, self.tree_view(root, positions) : root] = True
             for row in range(n):
                 node = len(parents) - n + row
                 while node >= 0:
                     visible[row, root + node] = True
                     node = parents[node]
-        first = min(self.view_start(position) for position in positions)
+        if tree is None:
+            first = min(self.view_start(position) for position in positions)
+        else:
+            first = self.tree_view(tree[0], positions)
         mask = None if n == 1 and tree is None else visible[:, first:].to(x.device)
         attn = (
             F.scaled_dot_product_attention(
@@ -448,7 +479,10 @@ class EagleDrafter:
     ) -> torch.Tensor | None:
         """Bring the head's slots to pairs 0 .. slots - 1 of context; the last slot's g [1, hidden].
 
-        A set `cancel` stops between blocks of SYNC_ROWS (None then; the slots done are kept).
+        A set `cancel` stops between blocks of SYNC_ROWS (None then; the slots done are kept). None
+        too, and no draft this step, where the target kept no features from any panel start before
+        the last slot on (a context cut back to just past where a prefill's feature window began:
+        drafting resumes once the slots pass the next panel's start, up to PANEL steps on).
         """
         head = self.head
         keep = max(0, min(common_prefix_len(head.tokens, context[: slots + 1]) - 1, head.length, slots - 1))
@@ -464,8 +498,6 @@ class EagleDrafter:
         if len(missing):  # never the last slot: the runner's feature window is wider (engine.py)
             needed = round_up(needed + int(missing[-1]) + 1, PANEL)
             if needed > slots - 1:  # no panel start with features before the last slot: no draft
-                head.restart(0)
-                head.tokens = []
                 return None
         if keep < needed or needed < head.first:  # a gap before `keep`, or slots never computed
             head.restart(needed)

@@ -1283,11 +1283,12 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
     longest = std::max(longest, len[r]);
   }
   std::vector<std::vector<int64_t>> paths;  // a token tree's: each row's path from its root
-  const int64_t nodes = parents.has_value() ? parents->size(0) : 0;
+  int64_t nodes = 0;
   if (parents.has_value()) {
-    TORCH_CHECK(parents->dim() == 1 && parents->scalar_type() == torch::kInt64 && nodes >= rows &&
+    TORCH_CHECK(parents->dim() == 1 && parents->scalar_type() == torch::kInt64 && parents->size(0) >= rows &&
                     rows <= kHalfRowsMost && start >= 0,
                 "attention: parents [nodes >= rows] int64, for at most 16 rows");
+    nodes = parents->size(0);
     TORCH_CHECK(start + nodes <= keys.size(1) * kPanel && start + nodes <= values.size(2),
                 "attention: the cache does not hold the tree's nodes");
     const auto up = parents->contiguous();
@@ -1535,7 +1536,7 @@ void write_kv_as(const torch::Tensor& k, const float* v, int64_t v_stride, torch
 void write_kv(const torch::Tensor& k, const float* v, int64_t v_stride, torch::Tensor& keys, torch::Tensor& values,
               int64_t start) {
   const int64_t rows = k.size(0), kv_heads = k.size(1), d = k.size(2);
-  TORCH_CHECK(keys.size(0) == kv_heads && keys.size(2) == d && (start + rows + kPanel - 1) / kPanel <= keys.size(1) &&
+  TORCH_CHECK(start >= 0 && keys.size(0) == kv_heads && keys.size(2) == d && (start + rows + kPanel - 1) / kPanel <= keys.size(1) &&
                   start + rows <= values.size(2) && values.size(1) * kPanel >= d,
               "layer: the KV cache does not hold these positions");
   if (keys.scalar_type() == torch::kBFloat16)
@@ -1567,11 +1568,13 @@ torch::Tensor layer(const torch::Tensor& x, const torch::Tensor& input_norm, con
               "layer: keys and values in the panel layout, both float32 or both bfloat16");
   const auto qkv = linear(rms_norm(x, input_norm, eps), panels[0], out_features[0], biases[0]);
   const auto qk = rotary(qkv, heads, kv_heads, cos, sin);
+  TORCH_CHECK(!parents.has_value() || (parents->dim() == 1 && parents->scalar_type() == torch::kInt64 &&
+                                       parents->size(0) >= rows && first == 0 && end == rows),
+              "layer: a token tree's parents [nodes >= rows] int64, and every row computed");
   const int64_t written = start + (parents.has_value() ? parents->size(0) - rows : 0);  // a tree's rows: its last nodes
   write_kv(qk[1], qkv.data_ptr<float>() + (heads + kv_heads) * d, qkv.size(1), keys, values, written);
   if (first == end) return x.narrow(0, 0, 0);
   const auto q = qk[0].narrow(0, first, end - first).contiguous();
-  TORCH_CHECK(!parents.has_value() || (first == 0 && end == rows), "layer: a token tree computes every row");
   const auto attended = attention(q, keys, values, lengths.narrow(0, first, end - first), scale, parents, start);
   const auto h = x.narrow(0, first, end - first) + linear(attended, panels[1], out_features[1], biases[1]);
   const auto act = silu_mul(linear(rms_norm(h, post_norm, eps), panels[2], out_features[2], biases[2]));

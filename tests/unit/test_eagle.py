@@ -454,35 +454,46 @@ def test_a_windowed_head_sees_only_its_window_in_blocks_and_row_by_row(float32_t
     assert torch.equal(blocks[seen_from:], changed[seen_from:])
     assert not torch.equal(blocks[seen_from:], unwindowed[seen_from:])
     assert not torch.equal(blocks[seen_from - 1], changed[seen_from - 1])
+    with pytest.raises(ValueError, match="catch-up block"):  # its last row's view starts past its first
+        EagleHead(weights, 128).forward(features, tokens, range(n), last_only=True)
 
 
-def test_a_head_tree_row_sees_the_context_and_its_own_path(float32_target):
-    """A tree expansion's rows (tree=(root, parents)) get what a causal forward over their path gives."""
-    weights = near_head(float32_target)
+@pytest.mark.parametrize("window", [None, 40])
+def test_a_head_tree_row_sees_the_context_and_its_own_path(float32_target, window):
+    """A tree level's rows (tree=(root, parents)) get what a causal forward over their path gives,
+    from the view of their position (tree_view), on the kernel and on torch's ops."""
+    weights = near_head(float32_target, window=window)
     hidden = weights.shape.hidden
-    features = torch.randn(50, hidden, generator=torch.Generator().manual_seed(3))
-    tokens = (random_prompts(float32_target.vocab_size, 1, seed=4)[0] * 10)[:50]
-    context = 40
-    # slots 40, 41: roots; 42: child of 41; 43, 44: children of 42 and 40 (the rows asked)
+    context = 75  # with the window, the rows see from slot 32 on (tree_view(75, ...) = 32)
+    features = torch.randn(context + 5, hidden, generator=torch.Generator().manual_seed(3))
+    tokens = (random_prompts(float32_target.vocab_size, 1, seed=4)[0] * 20)[: context + 5]
+    # slots 75, 76: roots; 77: child of 76; 78, 79: children of 77 and 75 (the rows asked)
     parents = [-1, -1, 1, 2, 0]
     paths = {3: [1, 2, 3], 4: [0, 4]}
+    depth = {0: 1, 1: 1, 2: 2}
+
+    def prefilled(packed: bool) -> EagleHead:
+        head = EagleHead(weights, 128, packed=packed)
+        head.forward(features[:context], tokens[:context], range(context))
+        return head
+
     with torch.inference_mode():
         for packed in (True, False):
-            head = EagleHead(weights, 128, packed=packed)
-            head.forward(features[:context], tokens[:context], range(context))
-            depth = {0: 1, 1: 1, 2: 2}
+            head = prefilled(packed)
+            assert head.tree_view(context, [context + 1, context + 2]) == (0 if window is None else 32)
+            level = slice(context, context + 3)
             head.forward(
-                features[40:43],
-                tokens[40:43],
+                features[level],
+                tokens[level],
                 [context + depth[j] - 1 for j in range(3)],
                 tree=(context, parents[:3]),
             )
+            asked = slice(context + 3, context + 5)
             rows = head.forward(
-                features[43:45], tokens[43:45], [context + 2, context + 1], tree=(context, parents)
+                features[asked], tokens[asked], [context + 2, context + 1], tree=(context, parents)
             )
             for row, node in enumerate((3, 4)):
-                chain = EagleHead(weights, 128, packed=packed)
-                chain.forward(features[:context], tokens[:context], range(context))
+                chain = prefilled(packed)
                 slots = [context + j for j in paths[node]]
                 expected = chain.forward(
                     features[slots], [tokens[s] for s in slots], range(context, context + len(slots))
@@ -491,6 +502,8 @@ def test_a_head_tree_row_sees_the_context_and_its_own_path(float32_target):
                     assert torch.equal(rows[row], expected)
                 else:
                     torch.testing.assert_close(rows[row], expected, rtol=1e-4, atol=1e-4)
+            with pytest.raises(ValueError, match="tree's nodes"):  # nodes that are not the slots from root
+                head.forward(features[:1], tokens[:1], [context], tree=(context, [-1]))
 
 
 @pytest.mark.parametrize("feature_window", [None, 8 + PANEL])
@@ -516,7 +529,7 @@ def test_a_windowed_heads_catch_up_skips_old_slots_and_predicts_what_computing_a
         with torch.inference_mode():
             predicted = drafter._sync(context, slots)
         if first is None:
-            assert predicted is None and drafter.head.length == 0
+            assert predicted is None  # (the head keeps its slots for a later catch-up)
             assert not bool(runner.features_valid[: slots - 1].all())
             continue
         with torch.inference_mode():

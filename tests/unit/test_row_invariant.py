@@ -492,9 +492,11 @@ def test_the_last_nodes_of_a_tree_asked_alone_get_the_bits_they_get_among_all(pa
     """A call may ask for the last nodes only (a draft head adds a level to the nodes it computed)."""
     start, kv_heads, group, head_dim = 40, 3, 3, 64
     n = len(parents)
-    cache, _, _ = filled_cache(kv_heads, head_dim, start + n, seed=14, dtype=cache_dtype)
+    cache, _, _ = filled_cache(kv_heads, head_dim, start + n + 1, seed=14, dtype=cache_dtype)
     generator = torch.Generator().manual_seed(15)
     cache.write(0, start, *torch.randn(2, kv_heads, n, head_dim, generator=generator))
+    nan = torch.full((kv_heads, 1, head_dim), float("nan"))
+    cache.write(0, start + n, nan, nan)  # past the nodes: never read
     q = torch.randn(n, kv_heads * group, head_dim, generator=generator)
     depths: list[int] = []
     for parent in parents:
@@ -514,6 +516,7 @@ def test_the_last_nodes_of_a_tree_asked_alone_get_the_bits_they_get_among_all(pa
         ([11, 12, 12], [-1, 2, 0], 10, "parents"),  # a child before its parent
         ([11, 12, 13], [-1, 0, 0], 10, "depth"),  # node 2 is at depth 1, not 2
         ([127, 128, 128], [-1, 0, 0], 126, "does not hold the tree"),  # node 2 would sit at 128
+        ([11, 12, 12], [-1, 0], 10, "nodes >= rows"),  # fewer nodes than rows
     ],
 )
 def test_a_tree_with_wrong_parents_or_lengths_is_a_clear_error(lengths, parents, start, message):
