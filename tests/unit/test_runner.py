@@ -129,6 +129,14 @@ def test_where_the_cpu_multiplies_bf16_every_decode_forward_is_full(tiny_target,
     assert DecoderRunner(tiny_target.weights, exact=True, capacity=256).decode_buckets == (DECODE_ROWS,)
 
 
+def test_on_a_gpu_every_decode_forward_is_full(tiny_target):
+    """cuBLAS's GEMMs for fewer rows passed the probe on an H200 and still left a 16-row block's bits
+    on real tokens (runner._probe_decode_buckets): no probe admits smaller forwards on a GPU."""
+    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=256)
+    runner.device = torch.device("cuda")  # the probe decides from the device before it runs anything
+    assert runner._probe_decode_buckets() == (DECODE_ROWS,)
+
+
 def test_decode_buckets_must_include_the_full_decode_forward(tiny_target):
     with pytest.raises(ValueError, match="must end with DECODE_ROWS"):
         DecoderRunner(tiny_target.weights, exact=True, capacity=256, decode_buckets=(4, 8))
