@@ -1,8 +1,9 @@
 """GPU check of the exact runner on random models shaped like real 1.5B and 7B code models.
 
 Measures, per shape: the cost of verifying k tokens against one decode step, whether a verify
-block gives the same bits as decoding its tokens one at a time (exact and fast mode), and whether
-the logits after a KV rollback equal those of a fresh prefill. No weights are downloaded: the
+block gives the same bits as decoding its tokens one at a time (exact and fast mode), whether the
+logits after a KV rollback equal those of a fresh prefill, and (exact mode) whether each node of a
+verified token tree gets the bits of decoding its path. No weights are downloaded: the
 tensors are random, drawn on the device.
 
     python -m eval.bench_gpu [--shapes 1.5b,7b] [--prefix 1024] [--json out.json]
@@ -104,11 +105,37 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, prefix: i
         runner.truncate(prefix)
         after = runner.extend(ids[prefix:], all_logits=True)
         row[f"{mode}_rollback_exact"] = bool(torch.equal(after, block))
+        if exact:
+            row["exact_tree_equals_paths"] = tree_equals_paths(runner, prefix, ids[prefix:])
         del runner
     del weights
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row
+
+
+TREES = ([-1, 0, 1, 0, 3, 4, 0], [-1, 0, 0, 0, 1, 2, 3, 1, 5, 4, 9])  # parents: a small and a wide tree
+
+
+def tree_equals_paths(runner: DecoderRunner, prefix: int, tokens: list[int]) -> bool:
+    """Whether every node of a verified token tree gets the logits of decoding its root-to-node path
+    one token at a time after the same prefix (the runner's first `prefix` cached tokens; the cache
+    is left there)."""
+    for parents in TREES:
+        runner.truncate(prefix)
+        nodes = tokens[: len(parents)]
+        tree_logits = runner.verify_tree(nodes, parents)
+        runner.truncate(prefix)
+        for node in range(len(parents)):
+            path, up = [], node
+            while up >= 0:
+                path.append(nodes[up])
+                up = parents[up]
+            steps = [runner.extend([token], all_logits=True) for token in reversed(path)]
+            runner.truncate(prefix)
+            if not torch.equal(steps[-1][0], tree_logits[node]):
+                return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
