@@ -34,9 +34,8 @@ class EagleConfig:
     subset_size: int  # tokens the head's LM head covers
     target: str  # the target it was trained for
     hidden: int  # the target's width, checked at load
-    window: int | None = (
-        None  # the length of its training windows: how far back it attends (EagleHead.view_start)
-    )
+    # the length of its training windows: how far back it attends (EagleHead.view_start)
+    window: int | None = None
     feature_layers: tuple[int, ...] = ()  # the target's earlier layers it reads beside the last (EAGLE-3)
 
     def __post_init__(self) -> None:

@@ -8,10 +8,12 @@ How (exact mode): a forward multiplies a fixed number of rows, padding included,
 norm and activation sees one of two shapes: DECODE_ROWS (decode steps and verify blocks) or
 PREFILL_ROWS (context prefill). At a fixed shape a row's result depends neither on its place in the
 block nor on the other rows. Where the kernels give a row the same bits in a smaller forward as in a
-DECODE_ROWS one (probed once per runner, `_probe_decode_buckets`), a short decode forward uses the
-smallest such bucket that holds it. In float32 on an AVX2 CPU the Linears run on row_invariant's
-kernel, where every output is one fixed chain of fused multiply-adds whatever the row count, so the
-probe admits every bucket and a decode step is a 1-row forward (with MKL there, 1-3 rows differ).
+DECODE_ROWS one (probed once per runner, `_probe_decode_buckets`; not on a GPU nor where torch
+multiplies bf16 natively on the CPU, where a probe was seen to pass and real tokens to differ), a
+short decode forward uses the smallest such bucket that holds it. In float32 on an AVX2 CPU the
+Linears run on row_invariant's kernel, where every output is one fixed chain of fused
+multiply-adds whatever the row count, so the probe admits every bucket and a decode step is a
+1-row forward (with MKL there, 1-3 rows differ).
 Attention runs per key bucket: each query row attends to its own causal
 prefix of length L, keys and values padded (masked to -inf, so they add exact zeros) to a multiple
 of KEY_BUCKET, in calls of a fixed number of query rows (DECODE_ATTENTION_ROWS in decode forwards,
@@ -217,6 +219,16 @@ def feature_layers_fit(layers: Sequence[int], n_layers: int) -> bool:
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def full_decode_rows_only(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether every decode forward must be DECODE_ROWS rows, no probe admitting fewer: off the CPU
+    (an H200's cuBLAS), and where torch multiplies bf16 natively on the CPU (oneDNN on AVX512-BF16 or
+    AMX). Both were seen to pass a probe of a few tokens and to differ on real ones
+    (DecoderRunner._probe_decode_buckets says where)."""
+    if device.type != "cpu":
+        return True
+    return dtype == torch.bfloat16 and row_invariant.cpu_multiplies_bf16()
 
 
 class DecoderRunner:
@@ -495,14 +507,13 @@ class DecoderRunner:
         tokens differed at 3 of 16 positions of one real sequence, and speculative output left plain
         decoding's; with every forward in 16 rows they agreed). There every forward is DECODE_ROWS
         rows; on an AMX CPU a 16-row forward costs about a 1-row one.
-        Nor on a GPU: on an H200 (torch 2.11, cuBLAS, bf16, `eval.bench_gpu`'s random 1.5B shape) the
-        probe passed 1, 2, 4 and 8 rows, yet on one of three random 16-token blocks after a 1,024-token
-        prefix the block's logits left those of 1-row steps at 14 of 16 positions (max 0.016); with
-        every forward in 16 rows all three agreed bit for bit (the 7B shape's probe passed 16 alone).
+        Nor on a GPU (any device but the CPU: the probe is shown sufficient there alone): on an
+        H200 (torch 2.11, cuBLAS, bf16, `eval.bench_gpu`'s random 1.5B shape) the probe passed 1, 2,
+        4 and 8 rows, yet on one of three random 16-token blocks after a 1,024-token prefix the
+        block's logits left those of 1-row steps at 14 of 16 positions (max 0.016); with every
+        forward in 16 rows all three agreed bit for bit (the 7B shape's probe passed 16 alone).
         """
-        if self.device.type == "cuda" or (
-            self.device.type == "cpu" and self.dtype == torch.bfloat16 and row_invariant.cpu_multiplies_bf16()
-        ):
+        if full_decode_rows_only(self.device, self.dtype):
             return (DECODE_ROWS,)
         tokens = [(7919 * i + 11) % self.shape.vocab for i in range(3)]  # any tokens: kernels, not data
         start = len(self.cache)

@@ -225,10 +225,12 @@ class EagleHead:
         n, start = len(tokens), self.length
         if start + n > self.capacity:
             raise ValueError(f"draft head cache full: {start + n} slots, capacity {self.capacity}")
-        if tree is not None and (last_only or tree[0] < self.first or tree[0] + len(tree[1]) != start + n):
+        if tree is not None and last_only:
+            raise ValueError("a head tree computes every row: last_only is for causal catch-up blocks")
+        if tree is not None and (tree[0] < self.first or tree[0] + len(tree[1]) != start + n):
             raise ValueError(
                 f"a head tree's nodes must be the slots from its root ({tree[0]}, at or after the first "
-                f"computed, {self.first}) to the new rows' last ({start + n - 1}), every row computed"
+                f"computed, {self.first}) to the new rows' last ({start + n - 1})"
             )
         if last_only and self.view_start(positions[-1]) > start:  # (_sync's blocks never are)
             raise ValueError("a catch-up block must start at or after its last row's view")
@@ -295,7 +297,7 @@ class EagleHead:
     ) -> torch.Tensor:
         """One kernel call over the cache from slot `view` on (a panel's start): rows x written from
         `first_slot` there (a tree's: its first node), each seeing `lengths` slots of the view;
-        rows [computed) go on past attention."""
+        rows computed[0] .. computed[1] - 1 go on past attention."""
         s, layer = self.w.shape, self.w.layer
         return row_invariant.layer(
             x,

@@ -1,4 +1,5 @@
-"""eval.bench_gpu's checks, run on the CPU with a tiny shape (the GPU run is the benchmark's own)."""
+"""eval.bench_gpu's checks, run on the CPU with a tiny shape (the GPU run is the benchmark's own; a
+float32 CPU runner verifies a tree in one kernel call, a GPU's chain by chain)."""
 
 from __future__ import annotations
 
@@ -17,3 +18,6 @@ def test_the_tree_check_passes_on_an_exact_runner(monkeypatch):
     runner.extend(ids[64:80], all_logits=True)  # as the benchmark leaves it: past the prefix
     assert bench_gpu.tree_equals_paths(runner, 64, ids[64:])
     assert len(runner) == 64  # the cache is left at the prefix
+    verify_tree = runner.verify_tree  # a verifier whose nodes get one another's logits: caught
+    monkeypatch.setattr(runner, "verify_tree", lambda tokens, parents: verify_tree(tokens, parents).flip(0))
+    assert not bench_gpu.tree_equals_paths(runner, 64, ids[64:])

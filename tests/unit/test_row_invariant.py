@@ -647,6 +647,36 @@ def test_the_kernel_lets_other_python_threads_run():
     assert any(started + quarter < t < ended - quarter for t in seen), (ended - started, len(seen))
 
 
+def test_a_layer_refuses_a_tree_of_fewer_nodes_than_rows_before_writing_the_cache():
+    from completion_engine.kv import KVCache
+
+    g = torch.Generator().manual_seed(10)
+    hidden, heads, kv_heads, d, n, start = 32, 2, 1, 32, 3, 4
+    linears = [
+        row_invariant.pack(torch.randn(o, i, generator=g) / 8)
+        for o, i in (((heads + 2 * kv_heads) * d, hidden), (hidden, heads * d), (64, hidden), (hidden, 32))
+    ]
+    cache = KVCache(1, kv_heads, d, 128, torch.float32, CPU, panels=True)
+    before = cache.keys.clone(), cache.values.clone()
+    ones = torch.ones(hidden)
+    with pytest.raises(RuntimeError, match="nodes >= rows"):
+        row_invariant.layer(
+            torch.randn(n, hidden, generator=g),
+            (ones, ones),
+            1e-5,
+            row_invariant.LayerPanels.of(tuple(linears)),
+            (torch.ones(n, d), torch.zeros(n, d)),
+            (heads, kv_heads),
+            (cache.keys[0], cache.values[0]),
+            start,
+            torch.tensor([start + 1, start + 2, start + 3]),
+            d**-0.5,
+            (0, n),
+            torch.tensor([-1, 0]),  # two nodes for three rows: they would be written before `start`
+        )
+    assert torch.equal(cache.keys, before[0]) and torch.equal(cache.values, before[1])
+
+
 @pytest.mark.parametrize("rows", [(0, 5), (4, 5), (5, 5)])
 def test_a_layer_in_one_call_has_the_bits_of_its_steps_one_by_one(rows):
     """row_invariant.layer against rms_norm, the Linears, rotary, the cache write, attention, silu_mul

@@ -18,6 +18,7 @@ from completion_engine.runner import (
     DECODE_ROWS,
     PREFILL_ROWS,
     DecoderRunner,
+    full_decode_rows_only,
     prefill_boundary,
     reusable_prefix,
 )
@@ -129,12 +130,13 @@ def test_where_the_cpu_multiplies_bf16_every_decode_forward_is_full(tiny_target,
     assert DecoderRunner(tiny_target.weights, exact=True, capacity=256).decode_buckets == (DECODE_ROWS,)
 
 
-def test_on_a_gpu_every_decode_forward_is_full(tiny_target):
+def test_off_the_cpu_every_decode_forward_is_full():
     """cuBLAS's GEMMs for fewer rows passed the probe on an H200 and still left a 16-row block's bits
-    on real tokens (runner._probe_decode_buckets): no probe admits smaller forwards on a GPU."""
-    runner = DecoderRunner(tiny_target.weights, exact=True, capacity=256)
-    runner.device = torch.device("cuda")  # the probe decides from the device before it runs anything
-    assert runner._probe_decode_buckets() == (DECODE_ROWS,)
+    on real tokens (runner._probe_decode_buckets): no probe admits smaller forwards off the CPU."""
+    for device in ("cuda", "mps"):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            assert full_decode_rows_only(torch.device(device), dtype)
+    assert not full_decode_rows_only(torch.device("cpu"), torch.float32)
 
 
 def test_decode_buckets_must_include_the_full_decode_forward(tiny_target):
