@@ -3,7 +3,8 @@
 Measures, per shape: the cost of verifying k tokens against one decode step, whether a verify
 block gives the same bits as decoding its tokens one at a time (exact and fast mode), whether the
 logits after a KV rollback equal those of a fresh prefill, and (exact mode) whether each node of a
-verified token tree gets the bits of decoding its path. No weights are downloaded: the
+verified token tree gets the bits of decoding its path, and a kept path's next step those of plain
+decoding. No weights are downloaded: the
 tensors are random, drawn on the device.
 
     python -m eval.bench_gpu [--shapes 1.5b,7b] [--prefix 1024] [--json out.json]
@@ -117,24 +118,41 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, prefix: i
 TREES = ([-1, 0, 1, 0, 3, 4, 0], [-1, 0, 0, 0, 1, 2, 3, 1, 5, 4, 9])  # parents: a small and a wide tree
 
 
+def path_of(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root to `node`, root first."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
 def tree_equals_paths(runner: DecoderRunner, prefix: int, tokens: list[int]) -> bool:
     """Whether every node of a verified token tree gets the logits of decoding its root-to-node path
-    one token at a time after the same prefix (the runner's first `prefix` cached tokens; the cache
-    is left there)."""
+    one token at a time after the same prefix, and whether keeping the deepest node's path
+    (accept_path) and decoding one more token gives the logits plain decoding gives there (the
+    runner's first `prefix` cached tokens; the cache is left there)."""
     for parents in TREES:
         runner.truncate(prefix)
         nodes = tokens[: len(parents)]
         tree_logits = runner.verify_tree(nodes, parents)
         runner.truncate(prefix)
         for node in range(len(parents)):
-            path, up = [], node
-            while up >= 0:
-                path.append(nodes[up])
-                up = parents[up]
-            steps = [runner.extend([token], all_logits=True) for token in reversed(path)]
+            steps = [runner.extend([nodes[n]], all_logits=True) for n in path_of(parents, node)]
             runner.truncate(prefix)
             if not torch.equal(steps[-1][0], tree_logits[node]):
                 return False
+        kept, following = path_of(parents, len(parents) - 1), tokens[len(parents)]
+        runner.verify_tree(nodes, parents)
+        runner.accept_path(kept)
+        after_tree = runner.extend([following], all_logits=True)
+        runner.truncate(prefix)
+        for n in kept:
+            runner.extend([nodes[n]], all_logits=True)
+        plain = runner.extend([following], all_logits=True)
+        runner.truncate(prefix)
+        if not torch.equal(after_tree, plain):
+            return False
     return True
 
 

@@ -18,6 +18,10 @@ def test_the_tree_check_passes_on_an_exact_runner(monkeypatch):
     runner.extend(ids[64:80], all_logits=True)  # as the benchmark leaves it: past the prefix
     assert bench_gpu.tree_equals_paths(runner, 64, ids[64:])
     assert len(runner) == 64  # the cache is left at the prefix
+    accept_path = runner.accept_path  # a kept path's keys and values put one position off: caught
+    monkeypatch.setattr(runner, "accept_path", lambda path: accept_path(path[:-1]) or runner.extend([1]))
+    assert not bench_gpu.tree_equals_paths(runner, 64, ids[64:])
+    monkeypatch.setattr(runner, "accept_path", accept_path)
     verify_tree = runner.verify_tree  # a verifier whose nodes get one another's logits: caught
     monkeypatch.setattr(runner, "verify_tree", lambda tokens, parents: verify_tree(tokens, parents).flip(0))
     assert not bench_gpu.tree_equals_paths(runner, 64, ids[64:])
