@@ -219,18 +219,6 @@ class DraftBudget:
         return k
 
 
-def tree_depth(parents: list[int]) -> int:
-    """How many levels a draft tree has below the pending token (parents[i] < i, -1 at the top).
-
-    >>> tree_depth([-1, 0, 1, 0]), tree_depth([-1, -1]), tree_depth([])
-    (3, 1, 0)
-    """
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return max(depths, default=0)
-
-
 def best_time(run: Callable[[], None], trials: int = 3) -> float:
     """The best of `trials` timings of run(), after one untimed warm-up call."""
     run()

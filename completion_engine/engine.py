@@ -13,11 +13,11 @@ import torch
 
 from completion_engine.config import EngineConfig
 from completion_engine.defaults import EAGLE_NAME
-from completion_engine.draft_budget import DraftBudget, RowCost, best_time, measure_row_cost, tree_depth
+from completion_engine.draft_budget import DraftBudget, RowCost, best_time, measure_row_cost
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec, needs_draft_model
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
 from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
-from completion_engine.drafting.tree import first_chain
+from completion_engine.drafting.tree import first_chain, tree_depth
 from completion_engine.healing import TokenTable, ends_in_blank, remaining_heal, strip_heal
 from completion_engine.kv import PANEL
 from completion_engine.models import LoadedModel, check_compatible

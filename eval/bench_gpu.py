@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from completion_engine.drafting.tree import path_to
 from completion_engine.runner import DECODE_ROWS, DecoderRunner, DecoderShape, DecoderWeights, LayerWeights
 
 # Qwen2.5-Coder shapes (config.json of the public checkpoints): layers, hidden, heads, kv heads, ffn, vocab
@@ -118,15 +119,6 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, prefix: i
 TREES = ([-1, 0, 1, 0, 3, 4, 0], [-1, 0, 0, 0, 1, 2, 3, 1, 5, 4, 9])  # parents: a small and a wide tree
 
 
-def path_of(parents: list[int], node: int) -> list[int]:
-    """The nodes from the root to `node`, root first."""
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]
-
-
 def tree_equals_paths(runner: DecoderRunner, prefix: int, tokens: list[int]) -> bool:
     """Whether every node of a verified token tree gets the logits of decoding its root-to-node path
     one token at a time after the same prefix, and whether keeping the deepest node's path
@@ -138,11 +130,11 @@ def tree_equals_paths(runner: DecoderRunner, prefix: int, tokens: list[int]) -> 
         tree_logits = runner.verify_tree(nodes, parents)
         runner.truncate(prefix)
         for node in range(len(parents)):
-            steps = [runner.extend([nodes[n]], all_logits=True) for n in path_of(parents, node)]
+            steps = [runner.extend([nodes[n]], all_logits=True) for n in path_to(parents, node)]
             runner.truncate(prefix)
             if not torch.equal(steps[-1][0], tree_logits[node]):
                 return False
-        kept, following = path_of(parents, len(parents) - 1), tokens[len(parents)]
+        kept, following = path_to(parents, len(parents) - 1), tokens[len(parents)]
         runner.verify_tree(nodes, parents)
         runner.accept_path(kept)
         after_tree = runner.extend([following], all_logits=True)

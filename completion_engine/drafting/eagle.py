@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from completion_engine import row_invariant
 from completion_engine.draft_budget import MODEL, best_time
 from completion_engine.drafting.base import empty_draft
+from completion_engine.drafting.tree import path_lengths, path_to
 from completion_engine.kv import PANEL, common_prefix_len, round_down, round_up
 from completion_engine.runner import (
     DecoderRunner,
@@ -258,10 +259,7 @@ class EagleHead:
         if tree is not None:
             root, parents = tree
             view = self.tree_view(root, positions)
-            path_lengths: list[int] = []
-            for parent in parents:
-                path_lengths.append(1 if parent < 0 else path_lengths[parent] + 1)
-            lengths = [root - view + length for length in path_lengths[len(parents) - n :]]
+            lengths = [root - view + length for length in path_lengths(parents)[len(parents) - n :]]
             nodes = torch.tensor(list(parents), dtype=torch.long)
             return self._run_layer(x, cos, sin, view, root - view, lengths, (0, n), nodes)
         if last_only:
@@ -342,10 +340,7 @@ class EagleHead:
             root, parents = tree
             visible[:, self.tree_view(root, positions) : root] = True
             for row in range(n):
-                node = len(parents) - n + row
-                while node >= 0:
-                    visible[row, root + node] = True
-                    node = parents[node]
+                visible[row, [root + node for node in path_to(parents, len(parents) - n + row)]] = True
         if tree is None:
             first = min(self.view_start(position) for position in positions)
         else:
