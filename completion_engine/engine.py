@@ -17,13 +17,14 @@ from completion_engine.draft_budget import DraftBudget, RowCost, best_time, meas
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec, needs_draft_model
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
 from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
-from completion_engine.drafting.tree import first_chain, tree_depth
+from completion_engine.drafting.tree import first_chain
 from completion_engine.healing import TokenTable, ends_in_blank, remaining_heal, strip_heal
 from completion_engine.kv import PANEL
 from completion_engine.models import LoadedModel, check_compatible
 from completion_engine.runner import DECODE_ROWS, DecoderRunner
 from completion_engine.sampling import Sampler
 from completion_engine.threads import choose_threads
+from completion_engine.token_tree import tree_depth
 from completion_engine.types import Chunk, Draft, Request, Stats
 from completion_engine.verify import greedy_accept, greedy_accept_tree, greedy_choices, rejection_sample
 

@@ -61,6 +61,7 @@ import torch.nn.functional as F
 
 from completion_engine import row_invariant
 from completion_engine.kv import KEY_BUCKET, KVCache, common_prefix_len
+from completion_engine.token_tree import path_lengths, path_to
 
 DECODE_ROWS = 16  # rows of a decode / verify forward: a verify block holds at most this many tokens
 # smaller decode forwards, used where they give every row the bits of a DECODE_ROWS forward (probed)
@@ -842,10 +843,9 @@ class TreePlan:
         """
         if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
             raise ValueError("a token tree needs parents[0] == -1 and 0 <= parents[i] < i")
-        depths = [0] * len(parents)
+        depths = [length - 1 for length in path_lengths(parents)]
         children: list[list[int]] = [[] for _ in parents]
         for node in range(1, len(parents)):
-            depths[node] = depths[parents[node]] + 1
             children[parents[node]].append(node)
         paths = []
         for node in range(len(parents)):
@@ -854,10 +854,6 @@ class TreePlan:
             owned = [node]
             while children[owned[-1]]:
                 owned.append(children[owned[-1]][0])
-            ancestors = []
-            up = parents[node] if node else -1
-            while up >= 0:
-                ancestors.append(up)
-                up = parents[up]
-            paths.append((ancestors[::-1] + owned, owned))
+            ancestors = path_to(parents, parents[node]) if node else []
+            paths.append((ancestors + owned, owned))
         return cls(list(parents), depths, paths, [None] * layers, [None] * layers)

@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from completion_engine.drafting.tree import path_to
 from completion_engine.runner import DECODE_ROWS, DecoderRunner, DecoderShape, DecoderWeights, LayerWeights
+from completion_engine.token_tree import path_to
 
 # Qwen2.5-Coder shapes (config.json of the public checkpoints): layers, hidden, heads, kv heads, ffn, vocab
 SHAPES = {

@@ -40,7 +40,6 @@ import torch.nn.functional as F
 from completion_engine import row_invariant
 from completion_engine.draft_budget import MODEL, best_time
 from completion_engine.drafting.base import empty_draft
-from completion_engine.drafting.tree import path_lengths, path_to
 from completion_engine.kv import PANEL, common_prefix_len, round_down, round_up
 from completion_engine.runner import (
     DecoderRunner,
@@ -52,6 +51,7 @@ from completion_engine.runner import (
     torch_linear,
 )
 from completion_engine.sampling import Sampler
+from completion_engine.token_tree import path_lengths, path_to
 from completion_engine.types import Draft
 
 SYNC_ROWS = 256  # head rows per forward when catching up with a long context

@@ -86,37 +86,3 @@ def first_chain(tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
             chain.append(tokens[index])
             node = index
     return chain
-
-
-def path_lengths(parents: Sequence[int]) -> list[int]:
-    """Each node's root-to-node path length, itself included (parents[i] < i, -1 for a root).
-
-    >>> path_lengths([-1, 0, 1, 0, -1])
-    [1, 2, 3, 2, 1]
-    """
-    lengths: list[int] = []
-    for parent in parents:
-        lengths.append(1 if parent < 0 else lengths[parent] + 1)
-    return lengths
-
-
-def tree_depth(parents: Sequence[int]) -> int:
-    """How many levels a draft tree has below the pending token (parents[i] < i, -1 at the top).
-
-    >>> tree_depth([-1, 0, 1, 0]), tree_depth([-1, -1]), tree_depth([])
-    (3, 1, 0)
-    """
-    return max(path_lengths(parents), default=0)
-
-
-def path_to(parents: Sequence[int], node: int) -> list[int]:
-    """The nodes from a root down to `node`, root first.
-
-    >>> path_to([-1, 0, 1, 0], 2), path_to([-1, 0, 1, 0], 3)
-    ([0, 1, 2], [0, 3])
-    """
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = parents[node]
-    return path[::-1]

@@ -23,6 +23,7 @@ from completion_engine.runner import (
     reusable_prefix,
 )
 from completion_engine.tiny import build_model
+from completion_engine.token_tree import path_to
 from completion_engine.weights import decoder_weights_from_hf
 from tests.conftest import numerics_or_skip
 
@@ -359,13 +360,6 @@ def random_tree(rng: random.Random, nodes: int, vocab: int) -> tuple[list[int], 
     return tokens, parents
 
 
-def path_to(node: int, parents: list[int]) -> list[int]:
-    path = [node]
-    while parents[path[-1]] >= 0:
-        path.append(parents[path[-1]])
-    return path[::-1]
-
-
 @pytest.mark.parametrize("prefix_len", [3, 120, 250])  # 120 + depth crosses a key bucket
 @pytest.mark.parametrize("nodes", [1, 5, 16])
 def test_every_tree_node_has_the_logits_of_decoding_its_path(make_runner, prefix_len, nodes):
@@ -379,7 +373,7 @@ def test_every_tree_node_has_the_logits_of_decoding_its_path(make_runner, prefix
         tree_logits = runner.verify_tree(tree_tokens, parents)
         assert len(runner) == prefix_len  # verification alone keeps no tree position
         for node in range(nodes):
-            path = [tree_tokens[i] for i in path_to(node, parents)]
+            path = [tree_tokens[i] for i in path_to(parents, node)]
             chain = runner.extend(path, all_logits=True)  # the same tokens as one verify block
             runner.truncate(prefix_len)
             assert torch.equal(tree_logits[node], chain[-1]), f"tree {shape}, node {node} differs"
@@ -390,8 +384,8 @@ def test_accepting_a_path_leaves_the_cache_of_plain_decoding(make_runner):
     vocab = make_runner.vocab
     prefix = tokens(200, vocab, seed=15)
     tree_tokens, parents = random_tree(rng, 14, vocab)
-    leaf = max(range(14), key=lambda n: len(path_to(n, parents)))
-    path = path_to(leaf, parents)
+    leaf = max(range(14), key=lambda n: len(path_to(parents, n)))
+    path = path_to(parents, leaf)
     after = tokens(6, vocab, seed=16)
 
     runner = make_runner()
