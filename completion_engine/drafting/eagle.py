@@ -115,6 +115,7 @@ class HeadLinears:
     """The head's Linears as callables (see head_linear)."""
 
     fc: Linear
+    fc_guess: Linear  # fc's first two blocks: a guess's input, whose earlier layers' blocks are zero
     qkv: Linear
     out: Linear
     gate_up: Linear
@@ -124,8 +125,10 @@ class HeadLinears:
     @classmethod
     def of(cls, w: EagleWeights, packed: bool) -> HeadLinears:
         layer = w.layer
+        fc = head_linear(w.fc, None, packed)
         return cls(
-            fc=head_linear(w.fc, None, packed),
+            fc=fc,
+            fc_guess=head_linear(w.fc[:, : 2 * w.shape.hidden], None, packed) if w.feature_layers else fc,
             qkv=head_linear(layer.qkv, layer.qkv_bias, packed),
             out=head_linear(layer.out, None, packed),
             gate_up=head_linear(layer.gate_up, None, packed),
@@ -236,9 +239,12 @@ class EagleHead:
         if last_only and self.view_start(positions[-1]) > start:  # (_sync's blocks never are)
             raise ValueError("a catch-up block must start at or after its last row's view")
         ids = torch.tensor(tokens, dtype=torch.long, device=features.device)
-        norm = self.norm
-        features = normed_features(features, w, norm if self.packed else None)  # torch's: as before
-        x = self.linears.fc(torch.cat([F.embedding(ids, w.embed), features], -1))
+        # a guess (a parent's g, no earlier layers) goes through fc's first two blocks only: the
+        # rest would multiply zeros (the same sums, without the zeros' copy and products)
+        guess = features.shape[1] < w.feature_width
+        features = normed_features(features, w, self.norm if self.packed else None, pad=not guess)
+        fc = self.linears.fc_guess if guess else self.linears.fc
+        x = fc(torch.cat([F.embedding(ids, w.embed), features], -1))
         positions = list(positions)
         if self.packed:
             out = self._kernel_layer(x, positions, tree, last_only)
@@ -376,20 +382,23 @@ def normed_features(
     features: torch.Tensor,
     w: EagleWeights,
     norm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    pad: bool = True,
 ) -> torch.Tensor:
     """features [n, feature_width] or [n, hidden] (a guess: the rest zero), each block RMS-normalised
-    (by `norm`, default torch's)."""
+    (by `norm`, default torch's); pad=False leaves a guess's zero blocks off."""
     n, hidden = features.shape[0], w.shape.hidden
     blocks = features.shape[1] // hidden
     norms = w.feature_norm.view(-1, hidden)
     if norm is None:
         normed = rms_norm(features.view(n, blocks, hidden), norms[:blocks], w.shape.rms_eps).view(n, -1)
+    elif blocks == 1:  # one block: its own weights in the norm call
+        normed = norm(features, norms[0])
     else:  # unit weights, then each block's own: one norm call for every block
         ones = torch.ones(hidden, dtype=features.dtype, device=features.device)
         normed = (
             norm(features.reshape(n * blocks, hidden), ones).view(n, blocks, hidden) * norms[:blocks]
         ).view(n, -1)
-    if blocks == len(norms):
+    if blocks == len(norms) or not pad:
         return normed
     return torch.cat([normed, normed.new_zeros(n, (len(norms) - blocks) * hidden)], -1)
 
@@ -540,36 +549,37 @@ class EagleDrafter:
         # node: (token, parent node or -1, log score, depth); grown depth by depth
         nodes: list[tuple[int, int, float, int]] = []
         slot_of: dict[int, int] = {}  # expanded node -> its head slot
-        outputs = {-1: predicted[0]}  # node -> g after it (-1: the pending token's slot)
-        frontier = [-1]
+        frontier = [-1]  # the nodes whose children the next level drafts (-1: the pending token's slot)
+        outputs = predicted  # [len(frontier), hidden]: g after each frontier node
         levels = min(settings.depth, k)  # k nodes reach no deeper than k: deeper levels would be paid and cut
         for depth in range(1, levels + 1):
-            rows = torch.stack([outputs[node] for node in frontier])
-            top = torch.log_softmax(self.head.logits(rows), dim=-1).topk(settings.width, dim=-1)
-            children = []
-            for parent, logps, head_rows in zip(
-                frontier, top.values.tolist(), top.indices.tolist(), strict=True
+            top = torch.log_softmax(self.head.logits(outputs), dim=-1).topk(settings.width, dim=-1)
+            children = []  # (node, the row of its parent in outputs)
+            for row, (parent, logps, head_rows) in enumerate(
+                zip(frontier, top.values.tolist(), top.indices.tolist(), strict=True)
             ):
                 base = nodes[parent][2] if parent >= 0 else 0.0
-                for logp, row in zip(logps, head_rows, strict=True):
-                    nodes.append((self._token_of[row], parent, base + logp, depth))
-                    children.append(len(nodes) - 1)
+                for logp, head_row in zip(logps, head_rows, strict=True):
+                    nodes.append((self._token_of[head_row], parent, base + logp, depth))
+                    children.append((len(nodes) - 1, row))
             if depth == levels:
                 break
-            frontier = heapq.nlargest(settings.width, children, key=lambda node: nodes[node][2])
-            outputs.update(self._expand(frontier, nodes, slot_of, outputs, committed))
+            chosen = heapq.nlargest(settings.width, children, key=lambda child: nodes[child[0]][2])
+            frontier = [node for node, _ in chosen]
+            outputs = self._expand(frontier, outputs[[row for _, row in chosen]], nodes, slot_of, committed)
         price = self.node_price() if self.node_price is not None else 1.0
         return self._best_subtree(nodes, k, settings.max_leaves, most, price)
 
     def _expand(
         self,
         frontier: list[int],
+        inputs: torch.Tensor,
         nodes: list[tuple[int, int, float, int]],
         slot_of: dict[int, int],
-        outputs: dict[int, torch.Tensor],
         committed: int,
-    ) -> dict[int, torch.Tensor]:
-        """Run the head on the frontier's nodes in one forward: each sees the context and its ancestors."""
+    ) -> torch.Tensor:
+        """Run the head on the frontier's nodes in one forward, from their parents' g (`inputs`, in
+        frontier order): each sees the context and its ancestors. -> their g, in frontier order."""
         start = self.head.length
         for row, node in enumerate(frontier):
             slot_of[node] = start + row
@@ -578,13 +588,12 @@ class EagleDrafter:
         for node, slot in slot_of.items():
             parent = nodes[node][1]
             parents[slot - committed] = slot_of[parent] - committed if parent >= 0 else -1
-        predicted = self.head.forward(
-            torch.stack([outputs[nodes[node][1]] for node in frontier]),
+        return self.head.forward(
+            inputs,
             [nodes[node][0] for node in frontier],
             [committed + nodes[node][3] - 1 for node in frontier],
             tree=(committed, parents),
         )
-        return {node: predicted[row] for row, node in enumerate(frontier)}
 
     def _best_subtree(
         self,

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from completion_engine.drafting.eagle import EagleWeights, normed_features
+from completion_engine.drafting.eagle import EagleHead, EagleWeights, normed_features
 from completion_engine.eagle import LAYER_FIELDS, EagleConfig, eagle_weights, load_eagle, save_eagle
 from completion_engine.models import LoadedModel, ModelLoadError
 from completion_engine.runner import DecoderRunner, DecoderWeights
@@ -193,3 +193,25 @@ def test_a_saved_fused_head_loads_with_its_layers_and_is_checked(three_layers, t
     (tmp_path / "eagle.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="input projection"):
         load_eagle(three_layers.weights, tmp_path)
+
+
+@pytest.mark.parametrize("kernel", [False, True])
+def test_a_guess_through_fc_guess_gives_what_zero_padded_features_give(
+    three_layers, three_layers_float32, kernel
+):
+    # a guess skips the earlier layers' zero blocks (fc's first two blocks only): the same g
+    target = three_layers_float32 if kernel else three_layers
+    weights = fused_head(target)
+    norm = torch.linspace(0.5, 1.5, 3 * weights.shape.hidden).to(weights.embed.dtype)
+    weights = dataclasses.replace(weights, feature_norm=norm)
+    hidden = weights.shape.hidden
+    g = torch.randn(3, hidden, generator=torch.Generator().manual_seed(4)).to(weights.embed.dtype)
+    padded = torch.cat([g, torch.zeros(3, 2 * hidden, dtype=g.dtype)], -1)
+    outputs = []
+    for features in (g, padded):
+        head = EagleHead(weights, capacity=64, packed=kernel)
+        outputs.append(head.forward(features, [5, 6, 7], [0, 1, 2]))
+    if kernel:  # the kernel's sums over zeros add exact zeros
+        assert torch.equal(outputs[0], outputs[1])
+    else:
+        torch.testing.assert_close(outputs[0], outputs[1])
