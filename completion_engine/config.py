@@ -26,9 +26,8 @@ class EngineConfig:
     draft_cost: float | None = None
     ngram_min: int = 2  # shortest n-gram that may produce a draft
     ngram_max: int = 8  # longest n-gram the matcher tries to extend to
-    hybrid_min_match: int = (
-        4  # hybrid: an n-gram match this long wins over the draft model (README, "The distilled draft model")
-    )
+    # hybrid: an n-gram match this long wins over the draft model (README, "The distilled draft model")
+    hybrid_min_match: int = 4
     draft_min_prob: float = 0.3  # model drafter stops when its top probability falls below this
     # an EAGLE head drafts a tree of its top tokens (EAGLE-2) instead of a chain, for exact greedy
     # requests: None wherever the draft model is an EAGLE head and the verifier exact (with AMX

@@ -462,11 +462,11 @@ alignas(64) constexpr TileConfig kTileConfigs[kAmxRows + 1] = {
 // panel's column halves. Each thread configures its own tiles, for a call of m rows.
 AMX_TILES void amx_configure(int64_t m) { _tile_loadconfig(&kTileConfigs[std::min(m, kAmxRows)]); }
 
-// Attention's calls of up to 48 slots (a step, a verify block, a tree: 3 heads a row here) end in a
-// row tile that is mostly padding (18 slots: 16 + 2); with these the last row tile, in the second
-// place of amx_panel's last pair (tmm2, 3, 5), multiplies only its own rows (`tail_rows`, below),
-// not 16. Measured before (eval.bench_verify_rows, two threads, 1,900 tokens): +0.9 ms at the 6th
-// row and +1.3 ms at the 11th, against +0.5 a row between.
+// Attention's calls of 17 to 48 slots (a verify block or tree of 6-16 rows with 3 heads a kv head, as
+// the embedded model's) end in a row tile that is mostly padding (18 slots: 16 + 2); with these the
+// last row tile, in the second place of amx_panel's last pair (tmm2, 3, 5), multiplies only its own
+// rows (`tail_rows`, below), not 16 (amx_attention says when). Measured before (eval.bench_verify_rows,
+// two threads, 1,900 tokens): +0.9 ms at the 6th row and +1.3 ms at the 11th, +0.5 a row between.
 alignas(64) constexpr TileConfig kTailConfigs[kAmxRows + 1] = {
     tile_config(16, 16), tile_config(16, 1),  tile_config(16, 2),  tile_config(16, 3),  tile_config(16, 4),
     tile_config(16, 5),  tile_config(16, 6),  tile_config(16, 7),  tile_config(16, 8),  tile_config(16, 9),
@@ -587,8 +587,8 @@ inline uint16_t* amx_b_buffer(std::vector<uint16_t>& buffer, int64_t m16, int64_
 }
 
 // x rounded to bf16 (to nearest even; vcvtneps2bf16, whose flushed denormals tdpbf16ps would flush
-// anyway) into xa [m16, blocks * 32], zero past x's k columns and, where the tiles read them (16 rows
-// and more: amx_configure), past its m rows.
+// anyway) into xa [m16, blocks * 32], zero past x's k columns and, where the tiles may read them (16
+// rows and more: amx_configure; amx_configure_tail's read none), past its m rows.
 AMX_TILES void amx_inputs(const float* x, int64_t m, int64_t k, int64_t m16, int64_t blocks, uint16_t* xa) {
   const int64_t width = blocks * kAmxK, read = m < kAmxRows ? m : m16;
   std::memset(xa + m * width, 0, (read - m) * width * sizeof(uint16_t));
@@ -1214,6 +1214,10 @@ void amx_attention(const AttentionCall& a) {
   const int64_t scored = a.paths ? a.start + a.nodes : a.longest;  // keys scored where they lie
   const int64_t width = (scored + kPanel - 1) / kPanel * kPanel, panels = width / kPanel;
   const bool chunked = a.rows > kHalfRowsMost && !a.paths;
+  // the last row tile only as high as its slots (amx_configure_tail) where that adds no pass: up to
+  // three row tiles (amx_panel runs one alone and a pair, as it would a pair and one alone); with
+  // more, the tiles before the last pair would each run alone (4 tiles: 3 passes, not 2)
+  const bool tail = !chunked && slots <= 3 * kAmxRows;
   thread_local std::vector<float> query, scores;
   thread_local std::vector<uint16_t> qa, pa;
   query.resize(std::max<size_t>(query.size(), slots * a.d));
@@ -1228,14 +1232,16 @@ void amx_attention(const AttentionCall& a) {
       std::copy(from, from + a.d, query.data() + s * a.d);
     }
     amx_inputs(query.data(), slots, a.d, m16, dblocks, qa.data() + kv * m16 * dblocks * kAmxK);
-    // no zero probability rows past the slots: the three passes' tiles (amx_configure_tail's) read
-    // a call's own rows only (a chunk zeroes its own: amx_chunk)
+    // probability rows past the slots: zero where the tiles read them (16 rows and more under
+    // amx_configure; none under amx_configure_tail's; a chunk zeroes its own: amx_chunk)
+    if (!chunked && !tail && slots >= kAmxRows)
+      std::fill_n(pa.data() + (kv * m16 + slots) * width, (m16 - slots) * width, uint16_t{0});
   }
   int64_t shortest = a.len[0];
   for (int64_t row = 1; row < a.rows; ++row) shortest = std::min(shortest, a.len[row]);
-  const AmxAttention x{a,         group,      slots,         m16,           dblocks * kAmxK, width, shortest,
-                       a.longest, std::min(slots, kAmxRows), qa.data(), scores.data(), pa.data(),  0,
-                       false,     !chunked};
+  AmxAttention x{a,        group,         slots,       m16,       dblocks * kAmxK, width, shortest,
+                 a.longest, std::min(slots, kAmxRows), qa.data(), scores.data(),  pa.data()};
+  x.tail = tail;
   if (chunked) {
     const int64_t chunks = (slots + kAmxChunk - 1) / kAmxChunk;
     parallel_items(a.kv_heads * chunks, true, [&](const auto& claim) {
@@ -1251,7 +1257,7 @@ void amx_attention(const AttentionCall& a) {
   const int64_t blocks = (panels + kKeyBlock - 1) / kKeyBlock, value_panels = (a.d + kPanel - 1) / kPanel;
   const bool dynamic = false;  // up to 16 rows here (a step, a verify block, a tree): memory-bound
   parallel_items(a.kv_heads * blocks, dynamic, [&](const auto& claim) {
-    amx_configure_tail(slots);
+    tail ? amx_configure_tail(slots) : amx_configure(slots);
     thread_local std::vector<float> acc;
     thread_local std::vector<uint16_t> buffer;
     for (int64_t item; (item = claim()) >= 0;) {
@@ -1264,7 +1270,7 @@ void amx_attention(const AttentionCall& a) {
     for (int64_t item; (item = claim()) >= 0;) amx_softmax(x, item / slots, item % slots);
   });
   parallel_items(a.kv_heads * value_panels, false, [&](const auto& claim) {
-    amx_configure_tail(slots);
+    tail ? amx_configure_tail(slots) : amx_configure(slots);
     thread_local std::vector<float> acc;
     thread_local std::vector<uint16_t> buffer;
     for (int64_t item; (item = claim()) >= 0;) amx_outputs_of(x, item / value_panels, item % value_panels, acc, buffer);

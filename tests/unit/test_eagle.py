@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from completion_engine.config import EngineConfig
 from completion_engine.draft_budget import RowCost
-from completion_engine.drafting.eagle import EagleDrafter, EagleHead, EagleWeights, TreeSettings
+from completion_engine.drafting.eagle import MANY_LEAVES, EagleDrafter, EagleHead, EagleWeights, TreeSettings
 from completion_engine.eagle import (
     LAYER_FIELDS,
     EagleConfig,
@@ -760,3 +760,37 @@ def test_an_eagle_head_drafts_trees_by_default_where_the_verifier_is_exact(one_l
     head = near_head(one_layer_target)
     assert engine_for(one_layer_target, head)._model_drafter.tree is not None  # eagle_tree None
     assert engine_for(one_layer_target, head, eagle_tree=False)._model_drafter.tree is None
+
+
+@pytest.mark.parametrize("seed", [13, 14, 15])
+def test_each_expanded_node_gets_the_heads_top_tokens_after_its_own_path(float32_target, seed):
+    # the tree's content, not only its losslessness: an expanded node's children are the head's
+    # `width` likeliest tokens after the node's path, drafted one token at a time as a chain (on the
+    # kernel a tree row gets its path's bits); a row mixed up between parents changes them
+    engine = eagle_engine(float32_target, k=15)
+    drafter = engine._model_drafter
+    drafter.tree = TreeSettings(width=2, depth=3, max_leaves=MANY_LEAVES)
+    drafter.size = lambda most: most  # every drafted node kept: 2 + 4 + 4 of 15
+    prompt = random_prompts(float32_target.vocab_size, 1, seed=seed)[0]
+    runner = engine.target_runner
+    runner.prefill(prompt)
+    context, committed = [*prompt, 5], len(prompt)
+    draft = drafter.propose(context, k=15)
+    assert len(draft.tokens) == 10
+
+    def top_after(path: list[int]) -> set[int]:
+        predicted = drafter._sync(context, committed)
+        for depth, token in enumerate(path):
+            predicted = drafter.head.forward(predicted, [token], [committed + depth])
+        rows = drafter.head.logits(predicted)[0].topk(2).indices.tolist()
+        drafter.head.truncate(committed)
+        return {drafter._token_of[row] for row in rows}
+
+    paths = {-1: []}
+    for node, (token, parent) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
+        paths[node] = [*paths[parent], token]
+    parents_with_children = set(draft.parents)
+    assert len(parents_with_children) == 5  # the pending token, then 2 nodes a level for 2 levels
+    for parent in parents_with_children:
+        children = {t for t, p in zip(draft.tokens, draft.parents, strict=True) if p == parent}
+        assert children == top_after(paths[parent]), f"node {parent} (path {paths[parent]})"

@@ -202,16 +202,19 @@ def test_a_guess_through_fc_guess_gives_what_zero_padded_features_give(
     # a guess skips the earlier layers' zero blocks (fc's first two blocks only): the same g
     target = three_layers_float32 if kernel else three_layers
     weights = fused_head(target)
-    norm = torch.linspace(0.5, 1.5, 3 * weights.shape.hidden).to(weights.embed.dtype)
-    weights = dataclasses.replace(weights, feature_norm=norm)
-    hidden = weights.shape.hidden
+    hidden, dtype = weights.shape.hidden, weights.embed.dtype
+    norm = torch.linspace(0.5, 1.5, 3 * hidden).to(dtype)
+    # every block of fc its own weights (fused_head's feature blocks are alike): a guess that read
+    # the wrong columns would differ
+    fc = 0.05 * torch.randn(hidden, 4 * hidden, generator=torch.Generator().manual_seed(3))
+    weights = dataclasses.replace(weights, feature_norm=norm, fc=fc.to(dtype))
     g = torch.randn(3, hidden, generator=torch.Generator().manual_seed(4)).to(weights.embed.dtype)
     padded = torch.cat([g, torch.zeros(3, 2 * hidden, dtype=g.dtype)], -1)
     outputs = []
     for features in (g, padded):
         head = EagleHead(weights, capacity=64, packed=kernel)
         outputs.append(head.forward(features, [5, 6, 7], [0, 1, 2]))
-    if kernel:  # the kernel's sums over zeros add exact zeros
+    if kernel:  # the kernel's sums over zeros add exact zeros; its rms_norm is (x * scale) * weight
         assert torch.equal(outputs[0], outputs[1])
     else:
         torch.testing.assert_close(outputs[0], outputs[1])

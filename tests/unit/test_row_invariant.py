@@ -320,8 +320,8 @@ def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_cou
             ]
             assert torch.equal(torch.cat(alone), together)
             # a step's and a verify block's row counts: the passes they take, and (3 heads a row on
-            # a kv head) their last row tiles: 6 of 15 rows, 18 (16 + 2), 24 (16 + 8), 33 (16 + 16 + 1),
-            # 39 (16 + 16 + 7) slots
+            # a kv head) their row tiles: 6 and 15 slots (one tile), 18 (16 + 2), 24 (16 + 8),
+            # 33 (16 + 16 + 1), 39 (16 + 16 + 7)
             for size in (2, 5, 6, 8, 11, 13):
                 parts = [
                     row_invariant.attention(

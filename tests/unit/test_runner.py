@@ -23,7 +23,6 @@ from completion_engine.runner import (
     reusable_prefix,
 )
 from completion_engine.tiny import build_model
-from completion_engine.token_tree import path_to
 from completion_engine.weights import decoder_weights_from_hf
 from tests.conftest import numerics_or_skip
 
@@ -358,6 +357,15 @@ def random_tree(rng: random.Random, nodes: int, vocab: int) -> tuple[list[int], 
             tokens.append(token)
             parents.append(parent)
     return tokens, parents
+
+
+def path_to(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root to `node` (this test's own, apart from token_tree.path_to, which the
+    runner uses)."""
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
 
 
 @pytest.mark.parametrize("prefix_len", [3, 120, 250])  # 120 + depth crosses a key bucket
