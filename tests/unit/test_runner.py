@@ -359,9 +359,7 @@ def random_tree(rng: random.Random, nodes: int, vocab: int) -> tuple[list[int], 
     return tokens, parents
 
 
-def path_to(parents: list[int], node: int) -> list[int]:
-    """The nodes from the root to `node` (this test's own, apart from token_tree.path_to, which the
-    runner uses)."""
+def path_to(node: int, parents: list[int]) -> list[int]:
     path = [node]
     while parents[path[-1]] >= 0:
         path.append(parents[path[-1]])
@@ -381,7 +379,7 @@ def test_every_tree_node_has_the_logits_of_decoding_its_path(make_runner, prefix
         tree_logits = runner.verify_tree(tree_tokens, parents)
         assert len(runner) == prefix_len  # verification alone keeps no tree position
         for node in range(nodes):
-            path = [tree_tokens[i] for i in path_to(parents, node)]
+            path = [tree_tokens[i] for i in path_to(node, parents)]
             chain = runner.extend(path, all_logits=True)  # the same tokens as one verify block
             runner.truncate(prefix_len)
             assert torch.equal(tree_logits[node], chain[-1]), f"tree {shape}, node {node} differs"
@@ -392,8 +390,8 @@ def test_accepting_a_path_leaves_the_cache_of_plain_decoding(make_runner):
     vocab = make_runner.vocab
     prefix = tokens(200, vocab, seed=15)
     tree_tokens, parents = random_tree(rng, 14, vocab)
-    leaf = max(range(14), key=lambda n: len(path_to(parents, n)))
-    path = path_to(parents, leaf)
+    leaf = max(range(14), key=lambda n: len(path_to(n, parents)))
+    path = path_to(leaf, parents)
     after = tokens(6, vocab, seed=16)
 
     runner = make_runner()
