@@ -34,12 +34,13 @@ constexpr int64_t kBlockRows = 3;            // rows per micro-kernel call: 3 x 
 constexpr int64_t kHalfRows = 6;             // bf16 panels, small blocks: tiles of 6 rows x 2 vectors (half a panel)
 constexpr int64_t kHalfRowsMost = 16;        // the most rows that take half-panel tiles, or 512-bit ones (a whole verify block)
 // How far ahead (in weights) a bf16 panel's tiles ask for the stream, where a few rows multiply the
-// weights as they arrive: the hardware prefetcher alone left the multiplies waiting on memory (2
-// threads of an AMD EPYC with AVX2, the embedded model's 30 layers' Linears and LM head, 2,000-token
-// context, old and new builds alternating in one process, best of 4: 1 row 9.7 -> 9.0 ms, 3 rows
-// 11.7 -> 10.7, 4 rows 12.9 -> 10.7, 6 rows 14.9 -> 12.2, 11 rows 23.1 -> 19.5; a whole verify
-// forward of 6 rows 24.5 -> 21.7 ms). A tile of up to 3 rows streams each panel once, 2 KiB ahead;
-// half-panel tiles pass over a k block twice (the second from L1), 4 KiB ahead.
+// weights as they arrive: the hardware prefetcher alone left the multiplies waiting on memory. On 2
+// threads of an AMD EPYC with AVX2 (the embedded model, 2,000-token context, the old and new builds
+// alternating in one process, best of 4 x 5), the 30 layers' Linears and the LM head: 1 row 10.2 ->
+// 9.5 ms, 3 rows 12.3 -> 10.6, 4 rows 13.3 -> 11.1, 8 rows 20.8 -> 17.5, 11 rows 23.0 -> 20.3; a whole
+// verify forward of 4 rows 20.9 -> 18.3 ms, of 11 rows 40.2 -> 36.8. A tile of up to 3 rows streams
+// each panel once, 2 KiB ahead; half-panel tiles pass over a k block twice (the second from L1), 4 KiB
+// ahead (better than 1/2, 1/1 and 2/2 KiB in the same kind of run).
 constexpr int64_t kWeightAhead = 1024, kHalfWeightAhead = 2048;
 
 // Continue the chains of rows [0, R) x the panel's 32 columns over k in [k0, k1).
