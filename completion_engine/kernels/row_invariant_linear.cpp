@@ -39,8 +39,10 @@ constexpr int64_t kHalfRowsMost = 16;        // the most rows that take half-pan
 // alternating in one process, best of 4 x 5), the 30 layers' Linears and the LM head: 1 row 10.2 ->
 // 9.5 ms, 3 rows 12.3 -> 10.6, 4 rows 13.3 -> 11.1, 8 rows 20.8 -> 17.5, 11 rows 23.0 -> 20.3; a whole
 // verify forward of 4 rows 20.9 -> 18.3 ms, of 11 rows 40.2 -> 36.8. A tile of up to 3 rows streams
-// each panel once, 2 KiB ahead; half-panel tiles pass over a k block twice (the second from L1), 4 KiB
-// ahead (better than 1/2, 1/1 and 2/2 KiB in the same kind of run).
+// each panel once, 2 KiB ahead; half-panel tiles pass over a k block once a tile and half (only the
+// first from memory, the rest from L1), 4 KiB ahead. Distances of 1 KiB (tiles of up to 3 rows) and
+// 2 KiB (half-panel tiles), 1 and 1, or 2 and 2 did no better in the same kind of run. With 512-bit
+// tiles (AVX-512) only a 1-row step takes these tiles: not measured there.
 constexpr int64_t kWeightAhead = 1024, kHalfWeightAhead = 2048;
 
 // Continue the chains of rows [0, R) x the panel's 32 columns over k in [k0, k1).
@@ -65,7 +67,7 @@ __attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, co
   for (int64_t k = k0; k < k1; ++k) {
     if constexpr (Ahead > 0) {  // a stream (the KV cache, bf16 weights): ask for it `Ahead` weights early
       _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel + Ahead), _MM_HINT_T0);
-      if constexpr (sizeof(W) == 4)  // a float32 panel row is two cache lines, a bf16 one one
+      if constexpr (sizeof(W) == 4)  // a float32 panel row spans two cache lines; a bf16 row fits in one
         _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel + Ahead + 16), _MM_HINT_T0);
     }
     __m256 w[V];
@@ -321,7 +323,7 @@ inline void rows_block(const float* xp, int64_t m, int64_t k, const W* panel, in
     const float* xr = xp + row * k;
     float* ar = acc + row * kPanel;
     // bf16 panels stream from memory here (a step, up to 3 rows); float32 ones are a widened block in L1
-    // (more rows) or a float32 checkpoint's weights (not measured with the prefetch: none)
+    // (more rows) or a float32 checkpoint's weights (no prefetch: not measured)
     constexpr int64_t ahead = std::is_same_v<W, uint16_t> ? kWeightAhead : 0;
     switch (std::min(kBlockRows, m - row)) {
       case 3: micro<3, kVectors, W, ahead>(xr, k, panel, k0, k1, ar, k0 == 0); break;
