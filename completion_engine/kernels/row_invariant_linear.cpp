@@ -70,11 +70,28 @@ __attribute__((always_inline)) inline void micro(const float* x, int64_t ldx, co
       if constexpr (sizeof(W) == 4)  // a float32 panel row spans two cache lines; a bf16 row fits in one
         _mm_prefetch(reinterpret_cast<const char*>(panel + k * kPanel + Ahead + 16), _MM_HINT_T0);
     }
-    __m256 w[V];
-    for (int v = 0; v < V; ++v) w[v] = load8(panel + k * kPanel + v * 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
-      for (int v = 0; v < V; ++v) sum[r][v] = _mm256_fmadd_ps(xv, w[v], sum[r][v]);
+    if constexpr (R * V + V + 1 > 16) {
+      // 3 rows x a whole panel of bf16 weights: 12 sums, 4 widened weight vectors and a broadcast are
+      // 17 registers, and GCC 12 kept a sum on the stack, each k waiting on its store. The rows'
+      // broadcasts first, then one weight vector at a time: 16 registers, the same fma chains. (Float32
+      // panels never spilled: their loads fold into the fmas.) Measured on 2 cores of an AMD EPYC with
+      // AVX2 (the embedded model, HEAD's build and this one alternating in one process): the 30
+      // layers' Linears and the LM head at 3 rows 10.6 -> 8.5 ms on two threads (1 row 8.9), 20.1 ->
+      // 13.6 on one; a whole 3-row verify forward at 2,000 tokens 16.9 -> 15.0 ms (1 row 14.0), 30.9 ->
+      // 23.7 on one thread.
+      __m256 xv[R];
+      for (int r = 0; r < R; ++r) xv[r] = _mm256_broadcast_ss(x + r * ldx + k);
+      for (int v = 0; v < V; ++v) {
+        const __m256 w = load8(panel + k * kPanel + v * 8);
+        for (int r = 0; r < R; ++r) sum[r][v] = _mm256_fmadd_ps(xv[r], w, sum[r][v]);
+      }
+    } else {
+      __m256 w[V];
+      for (int v = 0; v < V; ++v) w[v] = load8(panel + k * kPanel + v * 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
+        for (int v = 0; v < V; ++v) sum[r][v] = _mm256_fmadd_ps(xv, w[v], sum[r][v]);
+      }
     }
   }
   for (int r = 0; r < R; ++r)
