@@ -18,7 +18,8 @@ class EngineConfig:
     exact: bool = True  # shape-bucketed forward: speculative output bit-identical to plain decoding
     max_draft: int = 10  # k: tokens drafted per step (at most DECODE_ROWS - 1 in exact mode)
     # the cost of one more row in a verify forward, in 1-row steps: None times it when the engine
-    # loads, after a short and a long context (it grows with the context: draft_budget.RowCost);
+    # loads, after a short and a long context (it grows with the context: draft_budget.RowCost), and
+    # the staircase of a forward's cost in its rows (a number: the same for every row);
     # drafts are cut to the size that pays at that cost (draft_budget.py); 0 never cuts them
     row_cost: float | None = None
     # the cost of one token from the draft model (or EAGLE head), in 1-row target steps: None times it

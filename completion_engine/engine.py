@@ -13,7 +13,13 @@ import torch
 
 from completion_engine.config import EngineConfig
 from completion_engine.defaults import EAGLE_NAME
-from completion_engine.draft_budget import DraftBudget, RowCost, best_time, measure_row_cost
+from completion_engine.draft_budget import (
+    DraftBudget,
+    RowCost,
+    best_time,
+    measure_row_cost,
+    measure_row_shape,
+)
 from completion_engine.drafters import DrafterParts, draft_problem, drafter_spec, needs_draft_model
 from completion_engine.drafting import DocumentCorpus, Drafter, ModelDrafter, NgramDrafter
 from completion_engine.drafting.eagle import EagleDrafter, EagleWeights, TreeSettings
@@ -137,7 +143,7 @@ class CompletionEngine:
                 self.budget.plan,
                 # a node past k costs one verify row where the tree is one call (off the kernel a new
                 # leaf is a chain of attention calls more: no nodes past k there)
-                self.budget.node_price if trees and one_call else None,
+                self.budget.extra_nodes if trees and one_call else None,
             )
         elif draft is not None:
             check_compatible(target, draft)
@@ -161,24 +167,28 @@ class CompletionEngine:
 
     def _time_row_cost(self, rows: int) -> RowCost:
         """The cost of one more verify row, timed after a short context and after max_context tokens
-        (at most PROBE_LONG: RowCost goes on in a straight line past it, as attention's cost does)."""
+        (at most PROBE_LONG: RowCost goes on in a straight line past it, as attention's cost does),
+        and after the longer one the shape of a forward's cost in its rows (measure_row_shape)."""
         runner = self.target_runner
         short_len = min(PROBE_CONTEXT, runner.capacity - DECODE_ROWS)
         long_len = min(self.config.max_context, PROBE_LONG, runner.capacity - DECODE_ROWS)
-        short = measure_row_cost(lambda n: self._probe_forward(n, short_len), rows)
         if long_len - short_len < PROBE_SPAN:
-            cost = RowCost(short)
+            ratio, shape = measure_row_shape(lambda n: self._probe_forward(n, short_len), rows)
+            cost = RowCost(ratio, shape=shape)
         else:
-            cost = RowCost(
-                short, measure_row_cost(lambda n: self._probe_forward(n, long_len), rows), short_len, long_len
-            )
+            short = measure_row_cost(lambda n: self._probe_forward(n, short_len), rows)
+            ratio, shape = measure_row_shape(lambda n: self._probe_forward(n, long_len), rows)
+            cost = RowCost(short, ratio, short_len, long_len, shape)
         runner.truncate(0)
         logger.info(
-            "verify forwards: one more row costs %.3f of a 1-row step after %d tokens, %.3f after %d",
+            "verify forwards: one more row costs %.3f of a 1-row step after %d tokens, %.3f after %d; "
+            "forwards of 1 to %d rows cost %s 1-row steps there",
             cost.at(short_len),
             short_len,
             cost.at(long_len),
             long_len,
+            rows,
+            " ".join(f"{1.0 + cost.at(long_len) * x:.2f}" for x in cost.shape) or "a straight line of",
         )
         return cost
 

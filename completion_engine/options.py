@@ -43,8 +43,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         type=float,
         default=None,
         help="cost of one more verify row in 1-row steps, which sizes drafts, the same at every context "
-        "length (default: timed when the model loads after a short and a long context, and priced at "
-        "each step's length; 0 never cuts n-gram drafts)",
+        "length and for every row (default: timed when the model loads after a short and a long context, "
+        "priced at each step's length, with the steps a forward's cost climbs in as rows are added; "
+        "0 never cuts n-gram drafts)",
     )
     parser.add_argument(
         "--draft-cost",

@@ -17,10 +17,11 @@ first draft token costs one head row, the rest one row each.
 Greedy drafting builds a token tree (EAGLE-2): the children of a node are its most probable tokens,
 a node's score is the product of the head's probabilities along its path (an estimate of its
 chance to be accepted), the best nodes of each depth are expanded together in one head forward,
-and the `k` highest-scoring nodes form the tree, plus any other node drafted at those depths whose
-score beats the price of its verify row (`node_price`, from the draft budget: such a node costs
-no head forward), up to the `most` nodes the step can verify. Off the row-invariant kernel the
-tree verifier pays per root-to-leaf chain, so there the tree keeps at most `max_leaves` leaves.
+and the `k` highest-scoring nodes form the tree, plus as many of the next best nodes drafted at
+those depths as pay for their verify rows with their scores (`extra_nodes`, from the draft budget:
+such a node costs no head forward), up to the `most` nodes the step can verify. Off the
+row-invariant kernel the tree verifier pays per root-to-leaf chain, so there the tree keeps at most
+`max_leaves` leaves.
 Sampling drafts one chain, with the head's distributions for rejection sampling.
 
 The head's LM head covers the most frequent code tokens only (FR-Spec), as the distilled draft.
@@ -415,7 +416,7 @@ class EagleDrafter:
         min_prob: float,
         tree: TreeSettings | None,
         size: Callable[[int], int] | None = None,
-        node_price: Callable[[], float] | None = None,
+        extra_nodes: Callable[[int, list[float]], int] | None = None,
     ) -> None:
         if runner.features is None or runner.feature_layers != weights.feature_layers:
             raise ValueError(
@@ -431,8 +432,8 @@ class EagleDrafter:
         self.min_prob = min_prob
         self.tree = tree
         self.size = size  # most -> how many tokens (tree levels and nodes) to draft now (None: most)
-        # the chance above which one more node at a drafted level pays (None: no nodes past size's)
-        self.node_price = node_price
+        # (nodes kept, the next best nodes' chances) -> how many of those pay (None: no nodes past size's)
+        self.extra_nodes = extra_nodes
 
     @torch.inference_mode()
     def propose(self, context: Sequence[int], k: int, sampler: Sampler | None = None) -> Draft:
@@ -449,7 +450,7 @@ class EagleDrafter:
             if sampler is not None:
                 return self._chain(predicted, committed, k, sampler)
             # a tree where it can hold more than one node: k levels, or k = 1 and siblings past it
-            if self.tree is not None and (k > 1 or (self.node_price is not None and most > k)):
+            if self.tree is not None and (k > 1 or (self.extra_nodes is not None and most > k)):
                 return self._tree(predicted, committed, k, most, self.tree)
             return self._chain(predicted, committed, k, None)
         finally:
@@ -567,8 +568,7 @@ class EagleDrafter:
             chosen = heapq.nlargest(settings.width, children, key=lambda child: nodes[child[0]][2])
             frontier = [node for node, _ in chosen]
             outputs = self._expand(frontier, outputs[[row for _, row in chosen]], nodes, slot_of, committed)
-        price = self.node_price() if self.node_price is not None else 1.0
-        return self._best_subtree(nodes, k, settings.max_leaves, most, price)
+        return self._best_subtree(nodes, k, settings.max_leaves, most, self.extra_nodes)
 
     def _expand(
         self,
@@ -601,18 +601,16 @@ class EagleDrafter:
         k: int,
         max_leaves: int,
         most: int = 0,
-        price: float = 1.0,
+        extra_nodes: Callable[[int, list[float]], int] | None = None,
     ) -> Draft:
         """The k best-scoring nodes (a parent scores at least its child) with at most max_leaves leaves,
-        then, up to `most` nodes in all, every other node whose score (a chance) is above `price`."""
+        then, up to `most` nodes in all, as many of the next best as extra_nodes(k, their scores as
+        chances) says pay (None: none)."""
         kept: list[int] = []
         kept_set: set[int] = set()
         leaves = 0
-        limit = max(k, most)
-        floor = math.log(price) if price > 0.0 else -math.inf
+        limit = max(k, most) if extra_nodes is not None else k
         for node in sorted(range(len(nodes)), key=lambda n: (-nodes[n][2], nodes[n][3])):
-            if len(kept) >= k and nodes[node][2] <= floor:
-                break  # the rest score lower still
             parent = nodes[node][1]
             if parent >= 0 and parent not in kept_set:
                 continue
@@ -624,6 +622,8 @@ class EagleDrafter:
             kept_set.add(node)
             if len(kept) == limit:
                 break
+        if extra_nodes is not None and len(kept) > k:  # the k best, and the extras that pay
+            kept = kept[: k + extra_nodes(k, [math.exp(nodes[n][2]) for n in kept[k:]])]
         kept.sort(key=lambda n: (nodes[n][3], n))  # parents before children
         index = {node: i for i, node in enumerate(kept)}
         return Draft(

@@ -13,7 +13,9 @@ from completion_engine.draft_budget import (
     best_k,
     best_plan,
     draft_kind,
+    extra_rows,
     measure_row_cost,
+    measure_row_shape,
 )
 from completion_engine.types import Draft
 
@@ -104,16 +106,37 @@ def test_a_tree_node_pays_when_its_chance_beats_its_rows_share_of_the_planned_ra
     budget = learned_model(DraftBudget(0.1, 0.2), accepted_share=0.8)
     k = budget.plan(10)
     q = budget._kinds["model"].chances(10)
-    best, rate = best_plan(q, 0.1 + 0.2)
+    best, rate = best_plan(q, 0.1, 0.2)
     assert k == best >= 1 and rate > 1.0
-    # a step of E tokens for C steps gains from a node of chance p at cost `ratio` iff p > ratio * E / C
-    assert budget.node_price() == pytest.approx(0.1 * rate)
-    price, cost = budget.node_price(), 1.0 + (0.1 + 0.2) * k  # the planned step: E = rate * C tokens
-    for p, pays in ((price * 1.01, True), (price * 0.99, False)):
-        assert ((rate * cost + p) / (cost + 0.1) > rate) == pays  # one more node at one more row
-    assert DraftBudget(0.0, 0.0).node_price() == 0.0  # free rows: every node pays
+    # on a straight line a step of E tokens for C steps gains from a node of chance p at one more
+    # row's cost iff p > ratio * E / C
+    price = 0.1 * rate
+    assert budget.extra_nodes(k, [price * 1.01]) == 1 and budget.extra_nodes(k, [price * 0.99]) == 0
+    assert budget.extra_nodes(k, [0.9, 0.8, price * 0.99]) == 2  # the likely ones, not the last
+    assert DraftBudget(0.0, 0.0).extra_nodes(3, [0.01, 0.001]) == 2  # free rows: every node pays
     hopeless = learned_model(DraftBudget(0.1, 0.2), accepted_share=0.0)
-    assert hopeless.plan(10) == 0 and hopeless.node_price() == pytest.approx(0.1)  # the rate of no draft: 1
+    assert hopeless.plan(10) == 0  # the rate of no draft, 1: a node pays from a chance of 0.1
+    assert hopeless.extra_nodes(0, [0.11]) == 1 and hopeless.extra_nodes(0, [0.09]) == 0
+
+
+def test_on_a_staircase_nodes_pay_together_where_one_alone_would_not():
+    # a forward of 1 or 2 rows costs one step, 3 to 5 rows 1.6 (x: 0, 0, 3, 3, 3, then one a row)
+    budget = DraftBudget(RowCost(0.2, shape=(0.0, 0.0, 3.0, 3.0, 3.0)), 0.0)
+    budget._model_plan = (1, 1.5)  # one node planned: 1.5 tokens a step of cost 1
+    assert budget.rows_cost(2) == 1.0 and budget.rows_cost(3) == pytest.approx(1.6)
+    assert budget.extra_nodes(1, [0.5]) == 0  # 2.0 tokens for 1.6: worse than 1.5
+    assert budget.extra_nodes(1, [0.5, 0.4, 0.4]) == 3  # 2.8 tokens for 1.6: better
+    # a plan prices each step of the staircase: at a line of 0.2 a row k = 2 (1.96 tokens for 1.4);
+    # on this shape the second row is free and the third dear: k = 1 (1.6 tokens for 1.0)
+    q = [0.6, 0.6, 0.6, 0.6, 0.6]
+    assert best_k(q, 0.2) == 2 and best_k(q, 0.2, shape=(0.0, 0.0, 3.0, 3.0, 3.0)) == 1
+    assert best_k([0.9] * 4, 0.2, shape=(0.0, 0.0, 3.0, 3.0, 3.0)) == 4  # 4.1 tokens for 1.6, not 1.9 for 1
+
+
+def test_extra_rows_follow_the_shape_then_one_a_row():
+    assert [extra_rows((), n) for n in (1, 2, 5)] == [0, 1, 4]  # no shape: a straight line
+    shape = (0.0, 0.2, 0.4, 3.0)
+    assert [extra_rows(shape, n) for n in (1, 3, 4, 6)] == [0.0, 0.4, 3.0, 5.0]
 
 
 def test_a_verify_row_is_priced_at_the_context_it_follows():
@@ -134,7 +157,31 @@ def test_a_verify_row_is_priced_at_the_context_it_follows():
 def test_row_cost_is_measured_from_forward_timings():
     calls = []
     assert measure_row_cost(calls.append, rows=4, trials=2) >= 0.0
-    assert calls == [1, 1, 1, 4, 4, 4]  # a warm-up and two timed forwards each
+    assert calls == [1, 4, 1, 4, 1, 4]  # a warm-up and two timed forwards each, taking turns
+
+
+def test_a_row_shape_is_measured_between_timed_row_counts(monkeypatch):
+    from types import SimpleNamespace
+
+    from completion_engine import draft_budget
+
+    seconds = {1: 10.0, 2: 10.0, 3: 9.0, 4: 13.0, 5: 14.0, 6: 15.0, 7: 19.0, 8: 20.0, 11: 23.0, 16: 25.0}
+    clock, timed = [0.0], []
+
+    def forward(rows: int) -> None:  # a forward of `rows` rows takes seconds[rows] on a fake clock
+        timed.append(rows)
+        clock[0] += seconds[rows] * (2.0 if len(timed) == 12 else 1.0)  # one timing spoilt by other load
+
+    monkeypatch.setattr(draft_budget, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    ratio, shape = measure_row_shape(forward, rows=16, trials=2)
+    assert sorted(timed) == sorted(list(seconds) * 3)  # a warm-up, then two rounds over the counts
+    assert ratio == pytest.approx(1.5 / 15)
+    assert len(shape) == 16 and shape[0] == 0.0 and shape[-1] == pytest.approx(15.0)
+    assert shape[1:3] == (0.0, 0.0)  # never falling: 3 rows timed faster than 1
+    assert shape[3] == pytest.approx(3.0) and shape[7] == pytest.approx(10.0)  # 4 and 8 rows: 0.3, 1.0
+    assert shape[8] == pytest.approx(11.0) and shape[11] == pytest.approx(13.4)  # straight between
+    seconds = dict.fromkeys(seconds, 10.0)
+    assert measure_row_shape(forward, rows=16) == (0.0, ())  # nothing measurable: no shape
 
 
 def test_the_engine_times_a_verify_row_after_a_short_and_a_long_context(tiny_target):
@@ -145,6 +192,7 @@ def test_the_engine_times_a_verify_row_after_a_short_and_a_long_context(tiny_tar
     cost = engine.budget.row_cost
     assert (cost.short_len, cost.long_len) == (PROBE_CONTEXT, 1000)
     assert cost.short >= 0.0 and cost.long >= 0.0 and len(engine.target_runner) == 0
+    assert len(cost.shape) in (0, 5) and list(cost.shape) == sorted(cost.shape)  # 1 to max_draft + 1 rows
     near = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=600), tiny_target)
     assert near.budget.row_cost.long_len == 0  # timings 344 tokens apart: one price (noise, not slope)
     long = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=PROBE_LONG + 500), tiny_target)

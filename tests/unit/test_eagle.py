@@ -84,7 +84,8 @@ def test_trees_with_nodes_past_the_planned_k_equal_plain(one_layer_target, price
     engine = eagle_engine(one_layer_target, k=12)
     drafter = engine._model_drafter
     drafter.size = lambda most: max(1, most // 4)  # a few levels planned ...
-    drafter.node_price = lambda: price  # ... and the likely nodes beside them
+    # ... and the likely nodes beside them
+    drafter.extra_nodes = lambda kept, chances: sum(chance > price for chance in chances)
     sizes, trees = [], 0
     propose = drafter.propose
 
@@ -226,7 +227,7 @@ def test_best_subtree_keeps_the_likely_nodes_within_the_leaf_budget(one_layer_ta
     assert (draft.tokens, draft.parents) == ([1, 2, 5], [-1, 0, 1])
 
 
-def test_nodes_past_the_best_k_join_where_their_chance_beats_the_price(one_layer_target):
+def test_nodes_past_the_best_k_join_as_the_budget_says(one_layer_target):
     drafter = eagle_engine(one_layer_target)._model_drafter
     # (token, parent, log score, depth): chances 0.6, 0.3 (under the first), 0.2, 0.05
     nodes = [
@@ -235,13 +236,25 @@ def test_nodes_past_the_best_k_join_where_their_chance_beats_the_price(one_layer
         (3, -1, math.log(0.2), 1),
         (4, -1, math.log(0.05), 1),
     ]
-    draft = drafter._best_subtree(nodes, k=1, max_leaves=3, most=10, price=0.1)
+    offered = []
+
+    def above(price: float):
+        def extra_nodes(kept: int, chances: list[float]) -> int:
+            offered.append((kept, chances))
+            return sum(chance > price for chance in chances)
+
+        return extra_nodes
+
+    draft = drafter._best_subtree(nodes, k=1, max_leaves=3, most=10, extra_nodes=above(0.1))
     assert (draft.tokens, draft.parents) == ([1, 3, 2], [-1, -1, 0])  # 0.05 does not pay
-    draft = drafter._best_subtree(nodes, k=1, max_leaves=3, most=2, price=0.1)
+    assert offered[-1][0] == 1 and offered[-1][1] == pytest.approx([0.3, 0.2, 0.05])  # best first
+    draft = drafter._best_subtree(nodes, k=1, max_leaves=3, most=2, extra_nodes=above(0.1))
     assert draft.tokens == [1, 2]  # no more than the step may verify
-    draft = drafter._best_subtree(nodes, k=2, max_leaves=3, most=10, price=1.0)
+    draft = drafter._best_subtree(nodes, k=2, max_leaves=3, most=10, extra_nodes=above(1.0))
     assert draft.tokens == [1, 2]  # a price no chance beats: the k best only
-    draft = drafter._best_subtree(nodes, k=4, max_leaves=1, most=10, price=0.0)
+    draft = drafter._best_subtree(nodes, k=2, max_leaves=3, most=10)
+    assert draft.tokens == [1, 2]  # no budget for extras: the k best only
+    draft = drafter._best_subtree(nodes, k=4, max_leaves=1, most=10, extra_nodes=above(0.0))
     assert draft.tokens == [1, 2]  # the leaf budget holds for every node
 
 
@@ -249,7 +262,7 @@ def test_a_one_level_tree_offers_the_heads_next_best_tokens_beside_its_best(one_
     engine = eagle_engine(one_layer_target, k=15)
     drafter = engine._model_drafter
     drafter.size = lambda most: 1  # one level: no head forward past the catch-up
-    drafter.node_price = lambda: 0.0  # every node pays
+    drafter.extra_nodes = lambda kept, chances: len(chances)  # every node pays
     prompt = random_prompts(one_layer_target.vocab_size, 1, seed=11)[0]
     engine.target_runner.prefill(prompt)
     draft = drafter.propose([*prompt, 5], k=15)
