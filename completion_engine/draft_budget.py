@@ -8,12 +8,13 @@ context), and 10-token n-gram drafts made decoding slower than plain (`spec-comp
 ngram 0.85x none, accepting 15% of what it drafted).
 
 Model: a forward of n rows costs c(n) = 1 + ratio * x(n) steps. `ratio`, one more row's average
-cost over 1 to R rows (R = 16, a whole verify block), is timed once per engine at a short and a long
-context (`measure_row_cost`, `RowCost`) and priced at each step's context length (`at_context`: a
-row's attention grows with it). x(n), the rows' shape, is timed once at the long context
-(`measure_row_shape`): x(1) = 0, x(R) = R - 1, and between them the steps the kernel's row tiles
-make (AVX2, float32, two threads, 2,000 tokens: 1 to 3 rows cost about what 1 does, the fourth
-a quarter of a step); without a shape, a straight line x(n) = n - 1. A draft's j-th token is
+cost over 1 to R rows (R = max_draft + 1, at most a whole verify block of 16), is timed once per
+engine at a short and a long context (`measure_row_cost`, `RowCost`) and priced at each step's
+context length (`at_context`: a row's attention grows with it). x(n), the rows' shape, is timed
+once at the long context (`measure_row_shape`): x(1) = 0, x(R) = R - 1 (or more, where fewer rows
+timed dearer), and between them the steps the kernel's row tiles make (AVX2, float32, two threads,
+2,000 tokens: 1 to 3 rows cost about what 1 does, the fourth a quarter of a step); without a
+shape, a straight line x(n) = n - 1. A draft's j-th token is
 accepted, given the ones before it were, with chance q_j, learned per kind of draft (its source and,
 for n-gram drafts, how long its match was) from the steps so far, forgetting old ones. A step that
 drafts k tokens then yields on average

@@ -182,13 +182,13 @@ class CompletionEngine:
         runner.truncate(0)
         logger.info(
             "verify forwards: one more row costs %.3f of a 1-row step after %d tokens, %.3f after %d; "
-            "forwards of 1 to %d rows cost %s 1-row steps there",
+            "forwards of 1 to %d rows there: %s",
             cost.at(short_len),
             short_len,
             cost.at(long_len),
             long_len,
             rows,
-            " ".join(f"{1.0 + cost.at(long_len) * x:.2f}" for x in cost.shape) or "a straight line of",
+            " ".join(f"{1.0 + cost.at(long_len) * x:.2f}" for x in cost.shape) or "a straight line",
         )
         return cost
 

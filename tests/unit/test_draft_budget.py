@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
+from completion_engine import draft_budget
 from completion_engine.draft_budget import (
     EXPLORE,
     Acceptance,
@@ -161,10 +164,6 @@ def test_row_cost_is_measured_from_forward_timings():
 
 
 def test_a_row_shape_is_measured_between_timed_row_counts(monkeypatch):
-    from types import SimpleNamespace
-
-    from completion_engine import draft_budget
-
     seconds = {1: 10.0, 2: 10.0, 3: 9.0, 4: 13.0, 5: 14.0, 6: 15.0, 7: 19.0, 8: 20.0, 11: 23.0, 16: 25.0}
     clock, timed = [0.0], []
 
@@ -174,7 +173,7 @@ def test_a_row_shape_is_measured_between_timed_row_counts(monkeypatch):
 
     monkeypatch.setattr(draft_budget, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     ratio, shape = measure_row_shape(forward, rows=16, trials=2)
-    assert sorted(timed) == sorted(list(seconds) * 3)  # a warm-up, then two rounds over the counts
+    assert timed == list(seconds) * 3  # a warm-up each, then two rounds over the counts, taking turns
     assert ratio == pytest.approx(1.5 / 15)
     assert len(shape) == 16 and shape[0] == 0.0 and shape[-1] == pytest.approx(15.0)
     assert shape[1:3] == (0.0, 0.0)  # never falling: 3 rows timed faster than 1
@@ -192,10 +191,38 @@ def test_the_engine_times_a_verify_row_after_a_short_and_a_long_context(tiny_tar
     cost = engine.budget.row_cost
     assert (cost.short_len, cost.long_len) == (PROBE_CONTEXT, 1000)
     assert cost.short >= 0.0 and cost.long >= 0.0 and len(engine.target_runner) == 0
-    assert len(cost.shape) in (0, 5) and list(cost.shape) == sorted(cost.shape)  # 1 to max_draft + 1 rows
+    assert cost.shape == () or len(cost.shape) == 5  # 1 to max_draft + 1 rows, or nothing measurable
     near = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=600), tiny_target)
     assert near.budget.row_cost.long_len == 0  # timings 344 tokens apart: one price (noise, not slope)
     long = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=PROBE_LONG + 500), tiny_target)
     assert long.budget.row_cost.long_len == PROBE_LONG  # its prefill is paid at load: at most PROBE_LONG
     fixed = CompletionEngine(EngineConfig(target="t", max_draft=4, row_cost=0.05), tiny_target)
     assert fixed.budget.row_cost == RowCost(0.05)
+
+
+def test_the_engine_prices_the_staircase_it_timed_after_the_long_context(tiny_target, monkeypatch):
+    from completion_engine import engine as engine_module
+    from completion_engine.config import EngineConfig
+    from completion_engine.engine import CompletionEngine
+
+    asked = []
+
+    def staircase(forward, rows):  # what the engine asks for, and a fixed staircase for it
+        forward(1)
+        asked.append((rows, len(built.target_runner)))  # a probe leaves its context in the cache
+        return 0.2, (0.0, 0.0, 3.0, 3.0, 3.0)
+
+    monkeypatch.setattr(engine_module, "measure_row_shape", staircase)
+    built = CompletionEngine.__new__(CompletionEngine)
+    CompletionEngine.__init__(built, EngineConfig(target="t", max_draft=4, max_context=1000), tiny_target)
+    cost = built.budget.row_cost
+    assert asked == [(5, 1000)]  # 1 to max_draft + 1 rows, after the long context
+    assert cost.long == 0.2 and cost.shape == (0.0, 0.0, 3.0, 3.0, 3.0)
+    built.budget.at_context(1000)
+    assert built.budget.rows_cost(2) == pytest.approx(1.0) and built.budget.rows_cost(3) == pytest.approx(1.6)
+
+
+def test_an_exploring_model_step_keeps_the_rate_of_no_draft():
+    hopeless = learned_model(DraftBudget(0.1, 0.2), accepted_share=0.0)
+    sizes = [hopeless.plan(10) for _ in range(EXPLORE)]
+    assert sizes[-1] == 1 and hopeless._model_plan == (1, 1.0)  # the forced token, priced at rate 1
