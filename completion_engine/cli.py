@@ -131,6 +131,11 @@ def format_stats(stats: dict) -> str:
         lines.append(
             f"  {name}: drafted {s['drafted']}  accepted {s['accepted']} ({rate:.0%})  steps {s['steps']}"
         )
+    if stats.get("by_origin"):
+        lines.append(
+            "  from: "
+            + "  ".join(f"{name} {s['accepted']}/{s['drafted']}" for name, s in stats["by_origin"].items())
+        )
     return "\n".join(lines)
 
 

@@ -246,10 +246,11 @@ class DraftBudget:
         if k >= len(draft.tokens):
             return draft
         if k == 0:  # nothing to verify: a plain step, not an empty tree
-            return replace(draft, tokens=[], probs=None, parents=None)
+            return replace(draft, tokens=[], probs=None, parents=None, origins=None)
         parents = draft.parents[:k] if draft.parents is not None else None
         probs = draft.probs[:k] if draft.probs is not None else None
-        return replace(draft, tokens=draft.tokens[:k], probs=probs, parents=parents)
+        origins = draft.origins[:k] if draft.origins is not None else None
+        return replace(draft, tokens=draft.tokens[:k], probs=probs, parents=parents, origins=origins)
 
     def observe(self, draft: Draft, drafted: int, accepted: int) -> None:
         """The target kept `accepted` of the `drafted` tokens verified from `draft` (after trim)."""

@@ -31,7 +31,7 @@ from completion_engine.runner import DECODE_ROWS, DecoderRunner
 from completion_engine.sampling import Sampler
 from completion_engine.threads import choose_threads
 from completion_engine.token_tree import tree_depth
-from completion_engine.types import Chunk, Draft, Request, Stats
+from completion_engine.types import OUTPUTS, Chunk, Draft, Request, Stats
 from completion_engine.verify import greedy_accept, greedy_accept_tree, greedy_choices, rejection_sample
 
 logger = logging.getLogger(__name__)
@@ -45,8 +45,8 @@ PROBE_SPAN = 512  # fewer tokens between the two timings: one timing, one price 
 # Earlier completions stay in the n-gram corpus (EngineConfig.kept_outputs of them), each with the
 # context tokens just before it, so a request superseded while the user types through it, or asked
 # again, drafts from what it wrote.
-OUTPUT_PREFIX = "@output/"  # document ids of the kept completions
 OUTPUT_LEAD = 16  # context tokens kept before each output (what a later tail matches against)
+OUTPUT_PREFIX = "@output/"  # document ids of the kept completions
 
 
 @dataclass(slots=True)
@@ -326,12 +326,16 @@ class CompletionEngine:
                 if draft is not None:
                     draft = self.budget.trim(draft)  # the size that pays at this machine's verify cost
                 drafted = draft.tokens if draft else []
+                origins = (draft.origins or [draft.source] * len(drafted)) if draft else []
                 source = draft.source if draft and drafted else "none"
                 tree = draft is not None and draft.parents is not None
                 if tree and (sampler is not None or self._healing(request.heal, progress.tokens)):
-                    drafted, tree = first_chain(draft.tokens, draft.parents), False  # these check chains
+                    chain = first_chain(draft.parents)  # these check chains
+                    drafted, origins = [drafted[i] for i in chain], [origins[i] for i in chain]
+                    tree = False
                 if tree:
-                    kept, pending = self._verify_tree(pending, draft)
+                    nodes, pending = self._verify_tree(pending, draft)
+                    kept, kept_origins = [drafted[i] for i in nodes], [origins[i] for i in nodes]
                     stats.tree_steps += 1
                     stats.tree_nodes += len(drafted)
                 else:
@@ -347,9 +351,9 @@ class CompletionEngine:
                         )
                     # keep [pending, accepted drafts]: the rest was rejected
                     runner.truncate(base + 1 + accepted)
-                    kept = drafted[:accepted]
+                    kept, kept_origins = drafted[:accepted], origins[:accepted]
                 accepted = len(kept)
-                self._record_step(stats, source, len(drafted), accepted)
+                stats.record_step(source, origins, kept_origins)
                 if drafted:
                     # a tree's nodes sit at depths: what was tried is its depth, as for a chain's tokens
                     self.budget.observe(draft, tree_depth(draft.parents) if tree else len(drafted), accepted)
@@ -396,19 +400,19 @@ class CompletionEngine:
             return
         self._outputs += 1
         slot = self._outputs % self.config.kept_outputs
-        self.corpus.set_document(f"{OUTPUT_PREFIX}{slot}", context[-OUTPUT_LEAD:] + tokens)
+        self.corpus.set_document(f"{OUTPUT_PREFIX}{slot}", context[-OUTPUT_LEAD:] + tokens, OUTPUTS)
 
     def _verify_tree(self, pending: int, draft: Draft) -> tuple[list[int], int]:
         """Verify a token tree after the pending token; keep the path greedy decoding takes.
 
-        Returns (the drafted tokens kept, the target's next token).
+        Returns (the kept drafted nodes, indices into draft.tokens in path order; the target's next token).
         """
         tokens = [pending, *draft.tokens]
         parents = [-1, *(parent + 1 for parent in draft.parents)]
         logits = self.target_runner.verify_tree(tokens, parents)  # [1 + n, vocab]
         path, next_token = greedy_accept_tree(tokens, parents, logits)
         self.target_runner.accept_path(path)
-        return [tokens[node] for node in path[1:]], next_token
+        return [node - 1 for node in path[1:]], next_token
 
     def _fit_context(self, context: list[int]) -> list[int]:
         if not context:
@@ -459,15 +463,6 @@ class CompletionEngine:
         if sampler is None:
             return greedy_choices(logits.view(1, -1))[0]
         return sampler.sample(sampler.probs(logits))
-
-    @staticmethod
-    def _record_step(stats: Stats, source: str, drafted: int, accepted: int) -> None:
-        if drafted:
-            s = stats.source(source)
-            s.drafted += drafted
-            s.accepted += accepted
-            s.steps += 1
-        stats.accepted_hist[accepted] = stats.accepted_hist.get(accepted, 0) + 1
 
     def _accept(
         self,

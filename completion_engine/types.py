@@ -47,6 +47,14 @@ class Draft:
     # a token tree: parents[i] < i is the parent of tokens[i], -1 for a child of the pending token;
     # None for a chain (each token follows the one before)
     parents: list[int] | None = None
+    # where each token came from (CONTEXT, DOCUMENTS, OUTPUTS); None: all from `source`
+    origins: list[str] | None = None
+
+
+# where an n-gram draft's token came from: a match in the request's context, in an open document or
+# in one of the engine's earlier completions; a draft model's tokens are its source's, "model"
+CONTEXT, DOCUMENTS, OUTPUTS = "context", "documents", "outputs"
+ORIGINS = (CONTEXT, DOCUMENTS, OUTPUTS, "model")  # Stats.by_origin's names, in the reports' order
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,9 @@ class SourceStats:
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
+    def as_dict(self) -> dict:
+        return {"drafted": self.drafted, "accepted": self.accepted, "steps": self.steps}
+
 
 @dataclass(slots=True)
 class Stats:
@@ -83,6 +94,9 @@ class Stats:
     wall_s: float = 0.0
     draft_s: float = 0.0  # of the decode, the time the drafters took to propose
     by_source: dict[str, SourceStats] = field(default_factory=dict)
+    # the same drafted and accepted tokens by where each came from (Draft.origin: context,
+    # documents, outputs, model); steps: verify steps that drafted a token from there
+    by_origin: dict[str, SourceStats] = field(default_factory=dict)
     accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted draft length -> verify steps
     stop_reason: str = ""  # "length" | "eos" | "stop" | "syntax" | "cancelled"
     forwards_saved_by_stop: int = 0  # estimated target forwards an early (syntax) stop avoided
@@ -115,6 +129,20 @@ class Stats:
     def source(self, name: str) -> SourceStats:
         return self.by_source.setdefault(name, SourceStats())
 
+    def record_step(self, source: str, drafted: Sequence[str], kept: Sequence[str]) -> None:
+        """Count one verify step: its drafted tokens' origins, and those of the ones the target kept."""
+        if drafted:
+            s = self.source(source)
+            s.drafted += len(drafted)
+            s.accepted += len(kept)
+            s.steps += 1
+        for origin in dict.fromkeys(drafted):
+            s = self.by_origin.setdefault(origin, SourceStats())
+            s.drafted += drafted.count(origin)
+            s.accepted += kept.count(origin)
+            s.steps += 1
+        self.accepted_hist[len(kept)] = self.accepted_hist.get(len(kept), 0) + 1
+
     def as_dict(self) -> dict:
         return {
             "tokens": self.tokens,
@@ -134,9 +162,7 @@ class Stats:
             "forwards_saved_by_stop": self.forwards_saved_by_stop,
             "tree_steps": self.tree_steps,
             "tree_nodes": self.tree_nodes,
-            "by_source": {
-                name: {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
-                for name, s in sorted(self.by_source.items())
-            },
+            "by_source": {name: s.as_dict() for name, s in sorted(self.by_source.items())},
+            "by_origin": {name: s.as_dict() for name, s in sorted(self.by_origin.items())},
             "accepted_hist": {str(k): v for k, v in sorted(self.accepted_hist.items())},
         }

@@ -24,6 +24,7 @@ from eval.options import (
     close_peers,
     command_line,
     eval_options,
+    linear_products,
     requested_methods,
     run_meta,
     say,
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         summaries[configuration] = run_configuration(
             args, cases, root, folder, configuration, run_methods, notes if main else [], main
         )
-    text = bench_markdown(summaries, configurations[0], len(cases), root, command_line(), machine_meta())
+    machine = {**machine_meta(), "products": linear_products(main_config)}
+    text = bench_markdown(summaries, configurations[0], len(cases), root, command_line(), machine)
     (folder / "bench.md").write_text(text)
     print(text)
     print(f"results: {folder}/bench.md and one subfolder per configuration")
@@ -153,7 +155,7 @@ def bench_markdown(
     command: str,
     machine: dict,
 ) -> str:
-    from eval.report import speed_table
+    from eval.report import origin_table, products_note, speed_table
 
     s = summaries[main]
     lines = [
@@ -161,11 +163,15 @@ def bench_markdown(
         "",
         f"Command: `{command}`",
         "",
-        f"{configuration_name(*main)}; {machine['torch_threads']} torch threads on {machine['cpu']}; "
+        f"{configuration_name(*main)}{products_note(machine)}; "
+        f"{machine['torch_threads']} torch threads on {machine['cpu']}; "
         f"median context {s['median_context_tokens']} tokens.",
         "",
         *speed_table(s),
     ]
+    origins = origin_table(s)
+    if origins:
+        lines += ["", *origins]
     lines += [
         "",
         "Identical-output rate, `ngram` vs `none`, per mode and dtype:",

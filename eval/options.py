@@ -185,6 +185,7 @@ def run_meta(
         "target": config.target,
         "draft_model": config.draft_model,
         "dtype": dtype_label(config.dtype, config.device),
+        "products": linear_products(config),
         "exact": config.exact,
         "methods": list(methods),
         "variants": list(requested_variants(args)),
@@ -202,6 +203,20 @@ def run_meta(
         "root": str(Path(root).resolve()) if root is not None else None,
         **machine_meta(),
     }
+
+
+def linear_products(config: EngineConfig) -> str:
+    """How the engine's Linears multiply: on the row-invariant kernel its numerics ("float32",
+    "bf16dot": bf16 inputs and weights on vdpbf16ps, "amx"), else "torch" (in the dtype). The bf16
+    modes are for bf16-valued weights (the embedded model's, any bf16 checkpoint's): the kernel keeps
+    other weights float32, whose products stay float32 chains whatever this says."""
+    from completion_engine import row_invariant
+    from completion_engine.models import resolve_device, resolve_dtype
+
+    device = resolve_device(config.device)
+    if not row_invariant.usable(resolve_dtype(config.dtype, device), device):
+        return "torch"
+    return row_invariant.numerics()
 
 
 def say(message: str) -> None:

@@ -13,6 +13,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from completion_engine.types import ORIGINS
 from eval.metrics import geometric_mean, median
 
 QUALITY_LABELS = {
@@ -51,12 +52,8 @@ def summarize_method(rows: list[dict], method: str) -> dict:
     forwards = sum(r["stats"]["target_forwards"] for _, r in runs)
     steps = sum(sum(r["stats"]["accepted_hist"].values()) for _, r in runs)
     accepted = sum(r["stats"]["accepted"] for _, r in runs)
-    by_source: dict[str, list[int]] = {}
-    for _, r in runs:
-        for source, s in r["stats"]["by_source"].items():
-            totals = by_source.setdefault(source, [0, 0])
-            totals[0] += s["drafted"]
-            totals[1] += s["accepted"]
+    by_source = _drafted_accepted([r["stats"]["by_source"] for _, r in runs])
+    by_origin = _drafted_accepted([r["stats"].get("by_origin", {}) for _, r in runs])  # (older runs: none)
     tree_steps = sum(r["stats"].get("tree_steps", 0) for _, r in runs)
     tree_nodes = sum(r["stats"].get("tree_nodes", 0) for _, r in runs)
     return {
@@ -70,11 +67,23 @@ def summarize_method(rows: list[dict], method: str) -> dict:
         "speedup_geomean": _round(geometric_mean([r["speedup"] for _, r in runs if r.get("speedup")])),
         "mean_accepted_len": round((accepted + steps) / steps, 3) if steps else 0.0,
         "acceptance_rate": {s: round(a / d, 4) if d else 0.0 for s, (d, a) in sorted(by_source.items())},
+        "by_origin": {o: {"drafted": d, "accepted": a} for o, (d, a) in sorted(by_origin.items())},
         "forwards_per_token": round(forwards / tokens, 4) if tokens else None,
         "median_ttft_s": _round(median([r["ttft_s"] for _, r in runs]), 4),
         "identical": sum(1 for _, r in runs if r.get("identical", True)),
         "quality": summarize_quality([r.get("metrics", {}) for _, r in runs]),
     }
+
+
+def _drafted_accepted(counts: list[dict]) -> dict[str, list[int]]:
+    """name -> [drafted, accepted], summed over runs' by_source or by_origin counts."""
+    totals: dict[str, list[int]] = {}
+    for per_name in counts:
+        for name, s in per_name.items():
+            total = totals.setdefault(name, [0, 0])
+            total[0] += s["drafted"]
+            total[1] += s["accepted"]
+    return totals
 
 
 def summarize_peer(rows: list[dict], peer: str) -> dict:
@@ -201,6 +210,12 @@ def _prefill_speed(rows: list[dict]) -> float | None:
 # -- Markdown ---------------------------------------------------------------------------------
 
 
+def products_note(meta: dict) -> str:
+    """The Linears' numerics where the row-invariant kernel multiplied, e.g. ", Linears bf16dot"; else ""."""
+    products = meta.get("products")
+    return f", Linears {products}" if products and products != "torch" else ""
+
+
 def markdown(summary: dict, meta: dict) -> str:
     lines = [f"# {meta.get('suite', 'eval')}: {summary['cases']} cases", ""]
     if meta.get("command"):
@@ -208,7 +223,7 @@ def markdown(summary: dict, meta: dict) -> str:
     facts = [
         f"target `{meta.get('target')}`",
         f"draft model `{meta.get('draft_model')}`" if meta.get("draft_model") else "no draft model",
-        f"dtype {meta.get('dtype')}",
+        f"dtype {meta.get('dtype')}" + products_note(meta),
         f"peers in {meta['peer_dtype']}" if meta.get("peer_dtype") else None,
         "exact" if meta.get("exact", True) else "inexact",
         f"max_new_tokens {meta.get('max_new_tokens')}",
@@ -221,6 +236,9 @@ def markdown(summary: dict, meta: dict) -> str:
     for note in meta.get("notes", []):
         lines += [f"Note: {note}", ""]
     lines += speed_table(summary)
+    origins = origin_table(summary)
+    if origins:
+        lines += [""] + origins
     lines += [""] + lossless_section(summary)
     quality = quality_table(summary)
     if quality:
@@ -229,6 +247,34 @@ def markdown(summary: dict, meta: dict) -> str:
     if variants:
         lines += [""] + variants
     return "\n".join(lines) + "\n"
+
+
+def origin_table(summary: dict) -> list[str]:
+    """Where each drafting method's output tokens came from: accepted drafts by origin (accepted of
+    drafted, and their share of all output tokens), the rest the target's own tokens (counted as
+    verified: the stop policy may cut some accepted tokens off the end)."""
+    methods = {m: s for m, s in summary["methods"].items() if s.get("by_origin")}
+    if not methods:
+        return []
+    seen = {origin for s in methods.values() for origin in s["by_origin"]}
+    origins = [o for o in ORIGINS if o in seen] + sorted(seen - set(ORIGINS))
+    lines = [
+        "Where the output tokens came from: accepted draft tokens by origin (accepted / drafted, and "
+        "their share of the output; counted as verified, before the stop policy cuts the end); rest: "
+        "the target's own tokens.",
+        "",
+        "| method | " + " | ".join(origins) + " | rest |",
+        "|---|" + "---|" * (len(origins) + 1),
+    ]
+    for method, s in methods.items():
+        tokens = max(s.get("tokens", 0), 1)
+        cells = []
+        for origin in origins:
+            c = s["by_origin"].get(origin)
+            cells.append(f"{c['accepted']}/{c['drafted']} ({c['accepted'] / tokens:.0%})" if c else "-")
+        accepted = sum(c["accepted"] for c in s["by_origin"].values())
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {(tokens - accepted) / tokens:.0%} |")
+    return lines
 
 
 def speed_table(summary: dict) -> list[str]:

@@ -47,6 +47,8 @@ class _Totals:
     warm_tokens: int = 0  # context tokens they computed
     drafted: dict[str, int] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
+    # the same tokens by where each came from: context, documents, outputs (earlier completions), model
+    by_origin: dict[str, list[int]] = field(default_factory=dict)  # origin -> [drafted, accepted]
     cache_hits: int = 0  # completions answered from earlier ones (typed through, undo/redo), no model call
     prefetches: int = 0  # completions started after an accept, before the editor asked
     prefetches_cancelled: int = 0  # of them, cut short by another edit
@@ -128,6 +130,10 @@ class ServerCounters:
             for name, source in stats.by_source.items():
                 t.drafted[name] = t.drafted.get(name, 0) + source.drafted
                 t.accepted[name] = t.accepted.get(name, 0) + source.accepted
+            for name, origin in stats.by_origin.items():
+                counts = t.by_origin.setdefault(name, [0, 0])
+                counts[0] += origin.drafted
+                counts[1] += origin.accepted
             if stats.tokens and not cancelled and user_facing:
                 self._ttft.append(stats.ttft_s)
 
@@ -157,6 +163,10 @@ class ServerCounters:
                 "prefetches": t.prefetches,
                 "prefetches_cancelled": t.prefetches_cancelled,
                 "acceptance": acceptance,
+                "by_origin": {
+                    name: {"drafted": d, "accepted": a, "acceptance": round(a / d, 4) if d else None}
+                    for name, (d, a) in sorted(t.by_origin.items())
+                },
                 "suggestions": {
                     **self._suggestions.as_dict(),
                     "by_draft": {name: tally.as_dict() for name, tally in sorted(self._by_draft.items())},

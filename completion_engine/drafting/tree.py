@@ -17,6 +17,9 @@ sum of P over the kept nodes, which this choice maximises for the estimate.
 Worked example (budget 4): continuations [5, 6, 7] (weight 3) and [5, 8] (weight 1) give
 5 (P 0.8), then 6 (0.8 * 0.75 * 0.8 = 0.48), 7 (0.38), 8 (0.16): tokens [5, 6, 7, 8],
 parents [-1, 0, 1, 0].
+
+Each node is credited to the origin (context, documents, outputs) of the first continuation that
+reaches it: the callers pass the longest matches first, the context's before the documents'.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from completion_engine.types import CONTEXT
+
 DECAY = 0.8  # the chance that the target goes on agreeing one more token, all candidates agreeing
 
 
@@ -32,18 +37,21 @@ DECAY = 0.8  # the chance that the target goes on agreeing one more token, all c
 class Continuation:
     tokens: Sequence[int]  # what followed one earlier occurrence of the tail
     weight: float  # how much to believe it (its match length)
+    origin: str = CONTEXT  # where the match was: CONTEXT, DOCUMENTS or OUTPUTS
 
 
-def candidate_tree(continuations: Sequence[Continuation], budget: int) -> tuple[list[int], list[int]]:
-    """(tokens, parents) of the kept nodes; parents[i] is an earlier index, or -1 under the root.
+def candidate_tree(
+    continuations: Sequence[Continuation], budget: int
+) -> tuple[list[int], list[int], list[str]]:
+    """(tokens, parents, origins) of the kept nodes; parents[i] is an earlier index, or -1 under the root.
 
-    >>> candidate_tree([Continuation([5, 6, 7], 3.0), Continuation([5, 8], 1.0)], budget=4)
-    ([5, 6, 7, 8], [-1, 0, 1, 0])
+    >>> candidate_tree([Continuation([5, 6, 7], 3.0), Continuation([5, 8], 1.0, "documents")], budget=4)
+    ([5, 6, 7, 8], [-1, 0, 1, 0], ['context', 'context', 'context', 'documents'])
     >>> candidate_tree([Continuation([1, 2], 2.0), Continuation([3], 2.0)], budget=2)
-    ([1, 3], [-1, -1])
+    ([1, 3], [-1, -1], ['context', 'context'])
     """
-    # the trie: node -> (token, parent node, weight); node 0 is the root
-    trie_tokens, trie_parents, weights = [-1], [-1], [0.0]
+    # the trie: node -> (token, parent node, weight, origin); node 0 is the root
+    trie_tokens, trie_parents, weights, origins = [-1], [-1], [0.0], [CONTEXT]
     children: list[dict[int, int]] = [{}]
     for continuation in continuations:
         node = 0
@@ -56,6 +64,7 @@ def candidate_tree(continuations: Sequence[Continuation], budget: int) -> tuple[
                 trie_tokens.append(token)
                 trie_parents.append(node)
                 weights.append(0.0)
+                origins.append(continuation.origin)
                 children.append({})
                 children[node][token] = child
             weights[child] += continuation.weight
@@ -70,19 +79,24 @@ def candidate_tree(continuations: Sequence[Continuation], budget: int) -> tuple[
         kept.append(node)
         for child in children[node].values():
             heapq.heappush(frontier, (negative_p * DECAY * weights[child] / weights[node], child))
-    return [trie_tokens[n] for n in kept], [index_of[trie_parents[n]] for n in kept]
+    return (
+        [trie_tokens[n] for n in kept],
+        [index_of[trie_parents[n]] for n in kept],
+        [origins[n] for n in kept],
+    )
 
 
-def first_chain(tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
-    """The tree's first root-to-leaf chain (first child each time): a chain for chain-only verifiers.
+def first_chain(parents: Sequence[int]) -> list[int]:
+    """The nodes of the tree's first root-to-leaf chain (first child each time): a chain for
+    chain-only verifiers.
 
-    >>> first_chain([5, 6, 7, 8], [-1, 0, 1, 0])
-    [5, 6, 7]
+    >>> first_chain([-1, 0, 1, 0])  # tokens [5, 6, 7, 8]: the chain [5, 6, 7]
+    [0, 1, 2]
     """
     chain: list[int] = []
     node = -1
     for index, parent in enumerate(parents):
         if parent == node:
-            chain.append(tokens[index])
+            chain.append(index)
             node = index
     return chain

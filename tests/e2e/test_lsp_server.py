@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from completion_engine.types import ORIGINS
 from lsp_server.client import LspClient
 from tests.servers import TINY_SERVER
 
@@ -148,6 +149,7 @@ async def test_stats_carry_the_names_the_extension_reads(client):
     ):
         assert key in stats
     assert set(stats["acceptance"]) >= {"ngram", "model"}
+    assert set(stats["by_origin"]) <= set(ORIGINS)
     assert stats["requests"] >= 1 and stats["tokens"] >= 1
 
 

@@ -122,6 +122,31 @@ def test_a_lossless_summary_says_so(rows):
     assert "first-line exact match" in text
 
 
+def test_the_header_names_the_kernels_numerics_where_it_multiplied(rows):
+    meta = {"suite": "repo", "dtype": "float32"}
+    assert "dtype float32, Linears bf16dot;" in markdown(summarize(rows), {**meta, "products": "bf16dot"})
+    for products in ("torch", None):  # torch's own Linears, or a run recorded before the field
+        assert "dtype float32;" in markdown(summarize(rows), {**meta, "products": products})
+
+
+def test_the_output_tokens_are_traced_to_their_origins(rows):
+    for r in rows:
+        r["methods"]["ngram"]["stats"]["by_origin"] = {
+            "context": {"drafted": 8, "accepted": 5, "steps": 3},
+            "outputs": {"drafted": 4, "accepted": 2, "steps": 1},
+        }
+    summary = summarize(rows)
+    assert summary["methods"]["ngram"]["by_origin"] == {
+        "context": {"drafted": 16, "accepted": 10},
+        "outputs": {"drafted": 8, "accepted": 4},
+    }
+    text = markdown(summary, {"suite": "repo"})
+    # 20 output tokens: 10 from the context's matches, 4 from earlier outputs, 6 the target's own
+    assert "| method | context | outputs | rest |" in text
+    assert "| ngram | 10/16 (50%) | 4/8 (20%) | 30% |" in text
+    assert "| none |" not in text.split("Where the output tokens came from")[1].split("\n\n")[1]
+
+
 def test_a_mismatch_is_reported_with_its_case_id(rows):
     rows.append(row("c.py:3:0:body", 1.0, identical=False))
     found = mismatches(rows)

@@ -136,3 +136,15 @@ def test_option_variants_are_graded_on_the_same_case(engine):
     table = variant_table({"variants": summary})
     assert table[2] == "| variant | cases | edit similarity |"
     assert table[-1] == "| no-fim | 1 | 0.000 |"
+
+
+def test_runs_record_how_the_linears_multiply():
+    import torch
+
+    from completion_engine import row_invariant
+    from eval.options import linear_products
+
+    assert linear_products(EngineConfig(target="t", dtype="bfloat16", device="cpu")) == "torch"
+    on_kernel = row_invariant.usable(torch.float32, torch.device("cpu"))
+    expected = row_invariant.numerics() if on_kernel else "torch"
+    assert linear_products(EngineConfig(target="t", dtype="float32", device="cpu")) == expected

@@ -11,7 +11,7 @@ import pytest
 from completion_engine.config import EngineConfig
 from completion_engine.engine import CompletionEngine
 from completion_engine.models import LoadedModel
-from completion_engine.types import Draft, Request
+from completion_engine.types import ORIGINS, Draft, Request
 from tests.conftest import numerics_or_skip
 
 PROMPTS = 10
@@ -336,6 +336,31 @@ def test_an_earlier_output_drafts_the_same_completion_again(tiny_target):
     again = engine.complete(Request(context=prompt, max_new_tokens=30, draft="ngram"))
     assert again.tokens == first.tokens
     assert again.stats.accepted >= 20 and again.stats.target_forwards < first.stats.target_forwards
+    assert again.stats.by_origin["outputs"].accepted >= 20  # credited to the earlier completion
+
+
+def origin_totals(stats) -> tuple[int, int]:
+    return sum(s.drafted for s in stats.by_origin.values()), sum(s.accepted for s in stats.by_origin.values())
+
+
+@pytest.mark.parametrize("method", ["ngram", "ngram-chain", "hybrid"])
+def test_every_drafted_token_is_counted_by_its_origin(models, method):
+    """by_origin splits by_source's tokens: an open document's text is "documents", the model's "model"."""
+    target, draft = models
+    engine = engine_for(target, draft, k=8)
+    seen: set[str] = set()
+    for prompt in random_prompts(target.vocab_size, 4, seed=17):
+        expected = plain(engine, prompt, 24)
+        engine.corpus.set_document("doc", prompt[-4:] + corrupted(expected, every=5))
+        generation = engine.complete(Request(context=prompt, max_new_tokens=24, draft=method))
+        assert generation.tokens == expected
+        stats = generation.stats
+        assert origin_totals(stats) == (stats.drafted, stats.accepted)
+        assert set(stats.by_origin) <= set(ORIGINS)
+        assert all(s.accepted <= s.drafted and s.steps > 0 for s in stats.by_origin.values())
+        seen |= {name for name, s in stats.by_origin.items() if s.accepted}
+    assert "documents" in seen
+    assert ("model" in seen) == (method == "hybrid")
 
 
 @pytest.mark.parametrize("method", ["ngram", "ngram-chain", "hybrid", "model"])

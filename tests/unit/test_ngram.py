@@ -13,8 +13,8 @@ def arr(*tokens: int) -> np.ndarray:
 
 
 def test_worked_example_from_the_docstring():
-    match, draft = find_draft(arr(1, 2, 3, 4, 2, 3), None, min_n=2, max_n=4, k=3)
-    assert (match.length, match.end) == (2, 2)
+    match, draft, origin = find_draft(arr(1, 2, 3, 4, 2, 3), None, min_n=2, max_n=4, k=3)
+    assert (match.length, match.end, origin) == (2, 2, "context")
     assert draft.tolist() == [4, 2, 3]
 
 
@@ -27,7 +27,7 @@ def test_longest_match_wins_over_a_more_recent_shorter_one():
 
 def test_recency_breaks_ties():
     context = arr(2, 3, 10, 2, 3, 20, 2, 3)
-    match, draft = find_draft(context, None, min_n=2, max_n=4, k=1)
+    match, draft, _ = find_draft(context, None, min_n=2, max_n=4, k=1)
     assert match.end == 4 and draft.tolist() == [20]
 
 
@@ -103,14 +103,50 @@ def test_continuations_keep_every_longest_match_and_the_tree_merges_them():
     longest, continuations = find_continuations(context, corpus, min_n=2, max_n=4, k=2)
     assert longest == 2
     assert sorted(tuple(c.tokens) for c in continuations) == [(10, 11), (20, 21)]
-    tokens, parents = candidate_tree(continuations, budget=4)
-    assert sorted(tokens) == [10, 11, 20, 21]
+    tokens, parents, origins = candidate_tree(continuations, budget=4)
+    assert sorted(tokens) == [10, 11, 20, 21] and origins == ["documents"] * 4
     assert [tokens[i] for i, p in enumerate(parents) if p == -1] in ([20, 10], [10, 20])  # two branches
 
 
 def test_a_unanimous_candidate_tree_is_a_chain_and_the_budget_holds():
     from completion_engine.drafting.tree import Continuation, candidate_tree
 
-    tokens, parents = candidate_tree([Continuation([4, 5, 6, 7], 3.0)] * 3, budget=3)
+    tokens, parents, _ = candidate_tree([Continuation([4, 5, 6, 7], 3.0)] * 3, budget=3)
     assert tokens == [4, 5, 6] and parents == [-1, 0, 1]
-    assert candidate_tree([], budget=5) == ([], [])
+    assert candidate_tree([], budget=5) == ([], [], [])
+
+
+def test_each_drafted_token_names_where_its_match_was():
+    from completion_engine.types import OUTPUTS
+
+    corpus = DocumentCorpus(min_n=2)
+    corpus.set_document("file:///a.py", [1, 2, 3, 10, 11, 12])
+    corpus.set_document("@output/0", [1, 2, 3, 20, 21, 22], OUTPUTS)
+    # no match in the context: a tree over the document's and the earlier output's continuations
+    tree = NgramDrafter(corpus, min_n=2, max_n=4).propose([7, 8, 2, 3], k=6)
+    assert sorted(zip(tree.tokens, tree.origins, strict=True)) == [
+        (10, "documents"), (11, "documents"), (12, "documents"),
+        (20, "outputs"), (21, "outputs"), (22, "outputs"),
+    ]  # fmt: skip
+    # the context's own match: every token of the chain is the context's
+    chain = NgramDrafter(corpus, min_n=2, max_n=4).propose([5, 6, 9, 5, 6], k=3)
+    assert chain.tokens == [9, 5, 6] and chain.origins == ["context"] * 3
+    # without a tree, the single longest match's origin (the most recent document on a tie)
+    single = NgramDrafter(corpus, min_n=2, max_n=4, tree=False).propose([7, 8, 2, 3], k=2)
+    assert single.tokens == [20, 21] and single.origins == ["outputs", "outputs"]
+    assert NgramDrafter(None).propose([1, 2], 2).origins is None
+    corpus.remove_document("@output/0")  # its origin goes with it; the id may come back as a document
+    corpus.set_document("@output/0", [1, 2, 3, 30])
+    assert NgramDrafter(corpus, min_n=2, max_n=4, tree=False).propose([7, 8, 2, 3], k=1).origins == [
+        "documents"
+    ]
+
+
+def test_a_node_shared_by_matches_is_credited_to_the_first_that_reaches_it():
+    from completion_engine.drafting.tree import Continuation, candidate_tree
+
+    first = Continuation([4, 5, 6], 3.0, "context")
+    later = Continuation([4, 5, 9], 2.0, "documents")
+    tokens, parents, origins = candidate_tree([first, later], budget=4)
+    assert tokens == [4, 5, 6, 9] and parents == [-1, 0, 1, 1]
+    assert origins == ["context", "context", "context", "documents"]

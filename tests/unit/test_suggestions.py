@@ -105,3 +105,17 @@ def test_lines_and_languages_options():
         raise AssertionError(f"{bad} was accepted")
     languages = apply_languages({}, {"languages": {"*": False, "python": True}})
     assert language_enabled(languages, "python") and not language_enabled(languages, "markdown")
+
+
+def test_the_server_counts_drafted_tokens_by_origin():
+    from completion_engine.types import SourceStats, Stats
+
+    counters = ServerCounters()
+    for accepted in (3, 1):
+        stats = Stats()
+        stats.by_origin = {"documents": SourceStats(4, accepted, 2), "model": SourceStats(2, 0, 1)}
+        counters.record(stats, "a.py", cancelled=False)
+    assert counters.snapshot()["by_origin"] == {
+        "documents": {"drafted": 8, "accepted": 4, "acceptance": 0.5},
+        "model": {"drafted": 4, "accepted": 0, "acceptance": 0.0},
+    }
