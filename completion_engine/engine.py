@@ -45,8 +45,8 @@ PROBE_SPAN = 512  # fewer tokens between the two timings: one timing, one price 
 # Earlier completions stay in the n-gram corpus (EngineConfig.kept_outputs of them), each with the
 # context tokens just before it, so a request superseded while the user types through it, or asked
 # again, drafts from what it wrote.
-OUTPUT_LEAD = 16  # context tokens kept before each output (what a later tail matches against)
 OUTPUT_PREFIX = "@output/"  # document ids of the kept completions
+OUTPUT_LEAD = 16  # context tokens kept before each output (what a later tail matches against)
 
 
 @dataclass(slots=True)

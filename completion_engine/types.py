@@ -94,8 +94,8 @@ class Stats:
     wall_s: float = 0.0
     draft_s: float = 0.0  # of the decode, the time the drafters took to propose
     by_source: dict[str, SourceStats] = field(default_factory=dict)
-    # the same drafted and accepted tokens by where each came from (Draft.origin: context,
-    # documents, outputs, model); steps: verify steps that drafted a token from there
+    # the same drafted and accepted tokens by where each came from (ORIGINS: Draft.origins, or the
+    # draft's source for a draft model's); steps: verify steps that drafted a token from there
     by_origin: dict[str, SourceStats] = field(default_factory=dict)
     accepted_hist: dict[int, int] = field(default_factory=dict)  # accepted draft length -> verify steps
     stop_reason: str = ""  # "length" | "eos" | "stop" | "syntax" | "cancelled"
