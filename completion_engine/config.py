@@ -20,10 +20,12 @@ class EngineConfig:
     # the cost of one more row in a verify forward, in 1-row steps: None times it when the engine
     # loads, after a short and a long context (it grows with the context: draft_budget.RowCost), and
     # the staircase of a forward's cost in its rows (a number: the same for every row);
-    # drafts are cut to the size that pays at that cost (draft_budget.py); 0 never cuts them
+    # drafts are cut to the size that pays at that cost (draft_budget.py); 0 never cuts them. A timed
+    # cost is then corrected by the decode steps' own timings (step_costs.py); a given one is kept
     row_cost: float | None = None
     # the cost of one token from the draft model (or EAGLE head), in 1-row target steps: None times it
-    # when the engine loads; model drafts are sized before drafting at row_cost + draft_cost a token
+    # when the engine loads (and corrected by the decode steps, as row_cost); model drafts are sized
+    # before drafting at row_cost + draft_cost a token
     draft_cost: float | None = None
     ngram_min: int = 2  # shortest n-gram that may produce a draft
     ngram_max: int = 8  # longest n-gram the matcher tries to extend to

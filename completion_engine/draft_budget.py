@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from completion_engine.step_costs import StepCosts
 from completion_engine.types import Draft
 
 FORGET = 0.97  # weight left to past steps after each new one (about the last 30 steps count)
@@ -186,17 +187,52 @@ class RowCost:
 class DraftBudget:
     """Sizes each draft to what pays on this machine, and learns from what was accepted."""
 
-    def __init__(self, row_cost: float | RowCost, draft_cost: float = 0.0) -> None:
+    def __init__(
+        self,
+        row_cost: float | RowCost,
+        draft_cost: float = 0.0,
+        learn: bool = False,
+        learn_draft: bool = False,
+    ) -> None:
+        """learn: correct row_cost by the decode steps' timings (observe_step; step_costs.py); where
+        it was given, not timed, it is taken as it is. learn_draft: likewise draft_cost."""
         self.row_cost = row_cost if isinstance(row_cost, RowCost) else RowCost(row_cost)
-        self.ratio = self.row_cost.at(0)  # the cost of one more row now, in 1-row steps (at_context)
-        self.draft_cost = max(draft_cost, 0.0)  # the cost of drafting one token with the model, likewise
+        self.costs = StepCosts() if learn or learn_draft else None
+        self.learn, self.learn_draft = learn, learn_draft
+        self._load_ratio = self.row_cost.at(0)  # the load-time price of one more row at the step's context
+        self.ratio = self._load_ratio  # the cost of one more row now, in 1-row steps (at_context)
+        # the cost of drafting one token with the model, likewise: as timed at load (or given); the
+        # price used is draft_price()
+        self.draft_cost = max(draft_cost, 0.0)
         self._kinds: dict[str, Acceptance] = {}
         self._steps: dict[str, int] = {}
         self._model_plan = (0, 1.0)  # the last plan()'s k and rate (tokens per step of cost)
 
     def at_context(self, length: int) -> None:
-        """Price the next steps' verify rows after `length` cached tokens."""
-        self.ratio = self.row_cost.at(length)
+        """Price the next steps' verify rows after `length` cached tokens (as timed at load, corrected
+        by the decode steps where learning)."""
+        self._load_ratio = self.row_cost.at(length)
+        scale = self.costs.row_scale() if self.costs is not None and self.learn else 1.0
+        self.ratio = self._load_ratio * scale
+
+    def draft_price(self) -> float:
+        """A draft-model token's cost in 1-row steps: draft_cost, corrected by the decode steps where
+        learning."""
+        if self.costs is not None and self.learn_draft:
+            return self.costs.draft_cost(self.draft_cost)
+        return self.draft_cost
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A decode step verified `rows` rows (1: a plain step) at the context priced by the last
+        at_context, in `seconds` outside drafting."""
+        if self.costs is not None:
+            self.costs.observe_step(self._load_ratio * extra_rows(self.row_cost.shape, rows), seconds)
+
+    def observe_drafting(self, seconds: float) -> None:
+        """The draft model drafted, as the last plan() sized it, in `seconds` (what plan() prices at
+        draft_price() a token: a chain the model cut short, a tree's levels and nodes, all in it)."""
+        if self.costs is not None:
+            self.costs.observe_drafting(self._model_plan[0], seconds)
 
     def rows_cost(self, rows: int) -> float:
         """c(rows): a verify forward of `rows` rows at the priced context, in 1-row steps."""
@@ -204,10 +240,11 @@ class DraftBudget:
 
     def plan(self, most: int) -> int:
         """How many tokens (or tree nodes) the draft model should draft now, at most `most`."""
-        if most <= 0 or (self.ratio == 0.0 and self.draft_cost == 0.0):
+        draft_cost = self.draft_price()
+        if most <= 0 or (self.ratio == 0.0 and draft_cost == 0.0):
             self._model_plan = (max(most, 0), 1.0)
             return max(most, 0)
-        return self._size(MODEL, most, self.draft_cost)
+        return self._size(MODEL, most, draft_cost)
 
     def extra_nodes(self, kept: int, chances: Sequence[float]) -> int:
         """How many of `chances` (best first) to verify beside the `kept` nodes of the last planned
@@ -224,7 +261,7 @@ class DraftBudget:
         where ratio is over one after the step's own length (a longer step: draft_cost overstated).
         """
         k, rate = self._model_plan
-        cost = self.rows_cost(k + 1) + self.draft_cost * k
+        cost = self.rows_cost(k + 1) + self.draft_price() * k
         expected = rate * cost
         base = self.rows_cost(kept + 1)
         best, best_rate, gained = 0, rate, 0.0

@@ -14,6 +14,7 @@ import torch
 from completion_engine.config import EngineConfig
 from completion_engine.defaults import EAGLE_NAME
 from completion_engine.draft_budget import (
+    MODEL,
     DraftBudget,
     RowCost,
     best_time,
@@ -124,7 +125,11 @@ class CompletionEngine:
             row_cost = 0.0  # nothing is drafted: nothing to time
         elif row_cost is None:
             row_cost = self._time_row_cost(min(DECODE_ROWS, config.max_draft + 1))
-        self.budget = DraftBudget(row_cost)  # its draft_cost is timed below, once a model drafter exists
+        # its draft_cost is timed below, once a model drafter exists; prices timed at load are corrected
+        # by the decode steps' own timings (step_costs.py), prices given in the config are taken as given
+        self.budget = DraftBudget(
+            row_cost, learn=config.row_cost is None, learn_draft=config.draft_cost is None
+        )
         self.corpus = DocumentCorpus(config.ngram_min)
         self._ngram = NgramDrafter(self.corpus, config.ngram_min, config.ngram_max)
         self._model_drafter: ModelDrafter | EagleDrafter | None = None
@@ -322,7 +327,10 @@ class CompletionEngine:
                 self.budget.at_context(len(runner))  # a verify row costs more after more tokens
                 drafting = time.perf_counter()
                 draft = drafter.propose(context + progress.tokens, k, sampler) if drafter and k > 0 else None
-                stats.draft_s += time.perf_counter() - drafting
+                verifying = time.perf_counter()
+                stats.draft_s += verifying - drafting
+                if draft is not None and draft.source == MODEL and draft.tokens:
+                    self.budget.observe_drafting(verifying - drafting)  # what the model's plan cost
                 if draft is not None:
                     draft = self.budget.trim(draft)  # the size that pays at this machine's verify cost
                 drafted = draft.tokens if draft else []
@@ -352,6 +360,9 @@ class CompletionEngine:
                     # keep [pending, accepted drafts]: the rest was rejected
                     runner.truncate(base + 1 + accepted)
                     kept, kept_origins = drafted[:accepted], origins[:accepted]
+                # what the draft's size changed: its verify forward's seconds, with the acceptance and
+                # the cache's trim (not streaming the kept tokens: the same text whatever the size)
+                self.budget.observe_step(1 + len(drafted), time.perf_counter() - verifying)
                 accepted = len(kept)
                 stats.record_step(source, origins, kept_origins)
                 if drafted:

@@ -44,15 +44,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         default=None,
         help="cost of one more verify row in 1-row steps, which sizes drafts, the same at every context "
         "length and for every row (default: timed when the model loads after a short and a long context, "
-        "priced at each step's length, with the steps a forward's cost climbs in as rows are added; "
-        "0 never cuts n-gram drafts)",
+        "priced at each step's length, with the steps a forward's cost climbs in as rows are added, "
+        "then corrected by what the decode steps take; 0 never cuts n-gram drafts)",
     )
     parser.add_argument(
         "--draft-cost",
         type=float,
         default=None,
         help="cost of one draft-model token in 1-row target steps, which sizes model drafts together "
-        "with --row-cost (default: timed when the model loads)",
+        "with --row-cost (default: timed when the model loads, then corrected by what drafting takes)",
     )
     parser.add_argument(
         "--eagle-tree",

@@ -226,3 +226,35 @@ def test_an_exploring_model_step_keeps_the_rate_of_no_draft():
     hopeless = learned_model(DraftBudget(0.1, 0.2), accepted_share=0.0)
     sizes = [hopeless.plan(10) for _ in range(EXPLORE)]
     assert sizes[-1] == 1 and hopeless._model_plan == (1, 1.0)  # the forced token, priced at rate 1
+
+
+def test_learned_step_costs_reprice_rows_and_draft_tokens():
+    """A budget that learns prices a row as the decode steps timed it; one that does not, as given."""
+    shape = (0.0, 1.0, 2.0, 3.0, 4.0)
+    learning = DraftBudget(RowCost(0.1, shape=shape), draft_cost=0.2, learn=True, learn_draft=True)
+    given = DraftBudget(RowCost(0.1, shape=shape), draft_cost=0.2)
+    learning, given = (learned_model(budget, accepted_share=0.9) for budget in (learning, given))
+    for budget in (learning, given):
+        for _ in range(100):
+            for rows in (1, 3, 5):  # a 10 ms step, each row past the first 2 ms: 0.2 of a step, not 0.1
+                budget.at_context(1000)
+                budget.observe_step(rows, 0.010 + 0.002 * (rows - 1))
+                assert budget.plan(1) == 1  # likely enough to pay at either price
+                budget.observe_drafting(0.004)  # the token planned took 0.4 of a step, not 0.2
+        budget.at_context(1000)
+    assert learning.ratio == pytest.approx(0.2, rel=0.1)
+    assert learning.rows_cost(5) == pytest.approx(1.8, rel=0.1)
+    assert learning.draft_price() == pytest.approx(0.4, rel=0.1)
+    assert given.ratio == 0.1 and given.draft_price() == 0.2
+    assert learning.plan(10) <= given.plan(10)  # dearer rows and tokens: no bigger drafts
+
+
+def test_the_engine_learns_only_the_prices_it_timed(tiny_target):
+    from completion_engine.config import EngineConfig
+    from completion_engine.engine import CompletionEngine
+
+    timed = CompletionEngine(EngineConfig(target="t", max_draft=4), tiny_target)
+    assert timed.budget.learn and timed.budget.learn_draft
+    config = EngineConfig(target="t", max_draft=4, row_cost=0.05, draft_cost=0.1)
+    given = CompletionEngine(config, tiny_target)
+    assert not given.budget.learn and not given.budget.learn_draft

@@ -381,6 +381,35 @@ def test_drafts_cut_by_the_budget_equal_plain(models, method):
     assert cut_drafted < full_drafted, "the budget should have cut some drafts"
 
 
+@pytest.mark.parametrize("method", ["ngram", "hybrid"])
+def test_prices_learned_while_decoding_keep_the_output(models, method):
+    """Prices timed at load and corrected by each step's own timing (step_costs.py) resize drafts
+    from step to step on real, varying timings: the output is still plain decoding's."""
+    target, draft = models
+    config = EngineConfig(
+        target="test",
+        max_draft=12,
+        ngram_min=2,
+        ngram_max=6,
+        draft_min_prob=0.0,
+        kept_outputs=0,
+        max_context=512,
+    )
+    engine = CompletionEngine(config, target, draft)
+    assert engine.budget.learn and engine.budget.learn_draft
+    rows: list[int] = []
+    observe = engine.budget.observe_step
+    engine.budget.observe_step = lambda n, seconds: (rows.append(n), observe(n, seconds))
+    for i, prompt in enumerate(random_prompts(target.vocab_size, PROMPTS, seed=131)):
+        expected = plain(engine, prompt, 30)
+        engine.corpus.set_document("doc", prompt[-4:] + corrupted(expected, every=3 + i % 4))
+        rows.clear()
+        generation = engine.complete(Request(context=prompt, max_new_tokens=30, draft=method))
+        assert generation.tokens == expected, f"{method} with learned prices diverged on prompt {i}"
+        assert sum(n - 1 for n in rows) == generation.stats.drafted  # each step timed with its rows
+    assert engine.budget.costs.fit()[0] > 0.0  # the steps' seconds reached the fit
+
+
 def test_the_draft_models_token_cost_is_timed_when_the_engine_loads(models):
     """No --draft-cost: one draft token is timed against a target step, and prices model drafts."""
     target, draft = models
