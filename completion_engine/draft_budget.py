@@ -35,6 +35,10 @@ are sized before drafting (`plan`), a step of k of them costing c(k + 1) + k * d
 trimmed after it was drafted would be paid for and thrown away. (Before this, on an AVX2 CPU, the default
 hybrid drafting ran at 0.97x plain decoding: model drafts of up to 5 tokens cut to 1 by the trim.)
 
+Both prices, where timed at load, are then corrected by the decode steps' own timings
+(`observe_step`, `observe_drafting`; step_costs.py): a probe's few forwards are noisy, and rows cost
+more inside decoding than back to back. Prices given in the config are kept as given.
+
 Worked example, ratio 0.2, q = 0.5 at every depth: E(1) / c(2) = 1.5 / 1.2 = 1.25,
 E(2) / c(3) = 1.75 / 1.4 = 1.25, E(3) / c(4) = 1.875 / 1.6 = 1.17: k = 1 (the first best).
 """
@@ -184,6 +188,18 @@ class RowCost:
         return max(self.short + slope * (length - self.short_len), 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """What the budget prices now, in 1-row steps: one more verify row (its average over the rows a
+    verify block may have) at a context length and a draft-model token, as timed at load (or given)
+    and as corrected by the decode steps (the same where nothing is learned)."""
+
+    row: float
+    row_timed: float
+    draft: float
+    draft_timed: float
+
+
 class DraftBudget:
     """Sizes each draft to what pays on this machine, and learns from what was accepted."""
 
@@ -214,6 +230,12 @@ class DraftBudget:
         self._load_ratio = self.row_cost.at(length)
         scale = self.costs.row_scale() if self.costs is not None and self.learn else 1.0
         self.ratio = self._load_ratio * scale
+
+    def prices(self, length: int) -> Prices:
+        """The prices after `length` cached tokens (for reports: pricing steps is at_context's)."""
+        timed = self.row_cost.at(length)
+        scale = self.costs.row_scale() if self.costs is not None and self.learn else 1.0
+        return Prices(timed * scale, timed, self.draft_price(), self.draft_cost)
 
     def draft_price(self) -> float:
         """A draft-model token's cost in 1-row steps: draft_cost, corrected by the decode steps where

@@ -23,6 +23,12 @@ load (PRIOR_WEIGHT pseudo-tokens at that price).
 A timing more than CLIP times off the fit (another process took the core, a garbage collection) counts
 as CLIP times the prediction, once FIT_AFTER steps gave the fit something to go on.
 
+Limits: a load-time price of 0 (no row cost measurable: a GPU, AMX) stays 0, since every f is 0;
+u is one number for every context length, so a run of long requests after short ones is partly read
+as dearer rows (the load-time price's own slope in the context carries most of that); a proposal's
+fixed work (the draft's catch-up with the accepted tokens, the n-gram look-up before it) is priced
+per planned token, which weighs most on small plans.
+
 Worked example: load price 0.1 a row, steps of 1 row at 10 ms and of 11 rows (f = 1.0) at 30 ms:
 u = 10 ms, v = 20 ms, so a row costs 0.2 of a step, twice the load's price (row_scale 2.0; the
 prior pulls it a little towards 1: fit's example).
@@ -37,6 +43,9 @@ PRIOR_WEIGHT = 4.0  # pseudo-steps (and pseudo-tokens) at the load-time price
 CLIP = 3.0  # a step timed more than this many times off the fit counts as this many times
 FIT_AFTER = 10.0  # weight of steps before timings are clipped
 SCALE_RANGE = (0.25, 8.0)  # row_scale stays within these (a degenerate fit: few distinct f)
+# the prior's second pseudo-step lies at least this far out: where the steps' f are all small (plain
+# steps and an exploring token now and then) their slope is mostly noise, and the prior holds
+PRIOR_REACH = 0.25
 
 
 @dataclass
@@ -88,9 +97,13 @@ class StepCosts:
         self._steps.add(extra, seconds)
 
     def observe_drafting(self, tokens: int, seconds: float) -> None:
-        """A draft model drafted `tokens` tokens (levels, for a tree) in `seconds`."""
+        """A draft model's proposal, planned at `tokens` tokens (a tree's nodes), took `seconds`
+        (clipped as observe_step's timings: a draft model's window jump re-reads its context)."""
         if tokens <= 0 or seconds <= 0.0:
             return
+        if self._draft_tokens >= FIT_AFTER:
+            predicted = self._draft_seconds / self._draft_tokens * tokens
+            seconds = min(max(seconds, predicted / CLIP), predicted * CLIP)
         self._draft_tokens = self._draft_tokens * FORGET + tokens
         self._draft_seconds = self._draft_seconds * FORGET + seconds
 
@@ -98,15 +111,16 @@ class StepCosts:
         """(u, v): seconds of a 1-row step and per 1-row step of load-priced extra rows.
 
         The steps' sums plus PRIOR_WEIGHT pseudo-steps on v = u, half at f = 0 and half at twice the
-        steps' mean f (where the steps' own f lie: a pseudo-step far beyond them would outweigh
-        them), scaled to the steps' own seconds (u0 = sum t / sum (1 + f): the load's price fitted to
-        them). (0, 0) before any step; (u0, u0) while every step was a 1-row one.
+        steps' mean f or PRIOR_REACH, whichever is further (where the steps' own f lie: a pseudo-step
+        far beyond them would outweigh them; a slope from tiny f only would be noise), scaled to the
+        steps' own seconds (u0 = sum t / sum (1 + f): the load's price fitted to them). (0, 0)
+        before any step; (u0, u0) while every step was a 1-row one.
 
         >>> costs = StepCosts()
         >>> for _ in range(200):
         ...     costs.observe_step(0.0, 0.010)
         ...     costs.observe_step(1.0, 0.030)
-        >>> [round(x, 4) for x in costs.fit()], round(costs.row_scale(), 2)  # the prior: 4 of ~104
+        >>> [round(x, 4) for x in costs.fit()], round(costs.row_scale(), 2)  # the prior: 4 of ~54
         ([0.0103, 0.0195], 1.9)
         """
         s = self._steps
@@ -118,7 +132,8 @@ class StepCosts:
             return u0, u0
         prior = _Sums()
         prior.add(0.0, u0, PRIOR_WEIGHT / 2)
-        prior.add(2.0 * mean, u0 * (1.0 + 2.0 * mean), PRIOR_WEIGHT / 2)
+        reach = max(2.0 * mean, PRIOR_REACH)
+        prior.add(reach, u0 * (1.0 + reach), PRIOR_WEIGHT / 2)
         w, f, ff, t, ft = (s.w + prior.w, s.f + prior.f, s.ff + prior.ff, s.t + prior.t, s.ft + prior.ft)
         spread = w * ff - f * f  # > 0: the prior's two points differ in f
         v = (w * ft - f * t) / spread
@@ -129,9 +144,9 @@ class StepCosts:
         """v / u: what the steps say a load-priced row really costs, as a multiple of that price
         (1.0 before any step)."""
         u, v = self.fit()
-        if u <= 0.0:
-            return 1.0
         low, high = SCALE_RANGE
+        if u <= 0.0:  # no time left for a 1-row step: rows are all a step costs, or nothing was seen
+            return high if v > 0.0 else 1.0
         return min(max(v / u, low), high)
 
     def draft_cost(self, probed: float) -> float:

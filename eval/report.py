@@ -56,6 +56,7 @@ def summarize_method(rows: list[dict], method: str) -> dict:
     by_origin = _drafted_accepted([r["stats"].get("by_origin", {}) for _, r in runs])  # (older runs: none)
     tree_steps = sum(r["stats"].get("tree_steps", 0) for _, r in runs)
     tree_nodes = sum(r["stats"].get("tree_nodes", 0) for _, r in runs)
+    priced = [r["prices"] for _, r in runs if r.get("prices")]  # (older runs: none)
     return {
         "cases": len(runs),
         "tokens": tokens,
@@ -68,6 +69,9 @@ def summarize_method(rows: list[dict], method: str) -> dict:
         "mean_accepted_len": round((accepted + steps) / steps, 3) if steps else 0.0,
         "acceptance_rate": {s: round(a / d, 4) if d else 0.0 for s, (d, a) in sorted(by_source.items())},
         "by_origin": {o: {"drafted": d, "accepted": a} for o, (d, a) in sorted(by_origin.items())},
+        "prices": {name: _round(median([p[name] for p in priced]), 4) for name in priced[0]}
+        if priced
+        else {},
         "forwards_per_token": round(forwards / tokens, 4) if tokens else None,
         "median_ttft_s": _round(median([r["ttft_s"] for _, r in runs]), 4),
         "identical": sum(1 for _, r in runs if r.get("identical", True)),
@@ -239,6 +243,9 @@ def markdown(summary: dict, meta: dict) -> str:
     origins = origin_table(summary)
     if origins:
         lines += [""] + origins
+    prices = prices_table(summary)
+    if prices:
+        lines += [""] + prices
     lines += [""] + lossless_section(summary)
     quality = quality_table(summary)
     if quality:
@@ -274,6 +281,27 @@ def origin_table(summary: dict) -> list[str]:
             cells.append(f"{c['accepted']}/{c['drafted']} ({c['accepted'] / tokens:.0%})" if c else "-")
         accepted = sum(c["accepted"] for c in s["by_origin"].values())
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {(tokens - accepted) / tokens:.0%} |")
+    return lines
+
+
+def prices_table(summary: dict) -> list[str]:
+    """What the draft budget priced a verify row and a draft-model token at, timed at load and as
+    the decode steps corrected it, for each drafting method (medians over the cases)."""
+    methods = {m: s["prices"] for m, s in summary["methods"].items() if m != "none" and s.get("prices")}
+    if not methods:
+        return []
+    lines = [
+        "The draft budget's prices after each method's runs, in 1-row steps (medians over the cases, at "
+        "each case's context): one more verify row and a draft-model token, as timed when the engine "
+        "loaded and as the decode steps' timings corrected them.",
+        "",
+        "| method | verify row, timed | verify row, corrected | draft token, timed "
+        "| draft token, corrected |",
+        "|---|---|---|---|---|",
+    ]
+    for method, p in methods.items():
+        cells = [_fmt(p.get(name), 3) for name in ("row_timed", "row", "draft_timed", "draft")]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
 
 

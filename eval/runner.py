@@ -22,7 +22,7 @@ Per case:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from completion_engine.completion import CompletionOptions, Cursor, Prompt, build_prompt, complete
 from completion_engine.drafters import DRAFT_METHODS, DRAFTERS, NEEDS_DRAFT_MODEL, needs_draft_model
@@ -215,6 +215,8 @@ class CaseRunner:
             stoppers.add(result.stopper)
         best = min(runs, key=lambda run: run["decode_s"])
         best["stopper"] = "/".join(sorted(stoppers))
+        # what the draft budget priced a verify row and a draft token at, after these runs
+        best["prices"] = asdict(self.engine.budget.prices(len(prompt.context)))
         best["repeats_agree"] = all(run["raw_text"] == runs[0]["raw_text"] for run in runs)
         if len(runs) > 1:
             best["decode_s_repeats"] = [run["decode_s"] for run in runs]

@@ -147,6 +147,28 @@ def test_the_output_tokens_are_traced_to_their_origins(rows):
     assert "| none |" not in text.split("Where the output tokens came from")[1].split("\n\n")[1]
 
 
+def test_the_draft_budgets_prices_are_reported_as_medians(rows):
+    assert "The draft budget's prices" not in markdown(summarize(rows), {"suite": "repo"})  # older rows
+    for i, r in enumerate(rows):
+        r["methods"]["ngram"]["prices"] = {
+            "row": 0.1 + 0.1 * i,
+            "row_timed": 0.05,
+            "draft": 0.0,
+            "draft_timed": 0.0,
+        }
+        r["methods"]["none"]["prices"] = {"row": 9.0, "row_timed": 9.0, "draft": 9.0, "draft_timed": 9.0}
+    summary = summarize(rows)
+    assert summary["methods"]["ngram"]["prices"] == {
+        "row": 0.15,
+        "row_timed": 0.05,
+        "draft": 0.0,
+        "draft_timed": 0.0,
+    }
+    text = markdown(summary, {"suite": "repo"})
+    assert "| ngram | 0.050 | 0.150 | 0.000 | 0.000 |" in text
+    assert "| none | 9.000" not in text  # plain decoding drafts nothing: no prices
+
+
 def test_a_mismatch_is_reported_with_its_case_id(rows):
     rows.append(row("c.py:3:0:body", 1.0, identical=False))
     found = mismatches(rows)

@@ -70,6 +70,13 @@ def test_every_method_runs_on_a_case_and_matches_plain_decoding(engine):
     assert row["cold_prefill_tokens"] == row["context_tokens"]
     assert ngram["metrics"]["length"] == len(ngram["text"])
     assert "ngram" in ngram["acceptance_rate"] or ngram["stats"]["drafted"] == 0
+    prices = engine.budget.prices(row["context_tokens"])
+    assert ngram["prices"] == {
+        "row": prices.row,
+        "row_timed": prices.row_timed,
+        "draft": prices.draft,
+        "draft_timed": prices.draft_timed,
+    }
 
 
 def test_open_documents_follow_the_case(engine):

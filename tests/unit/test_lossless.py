@@ -398,8 +398,15 @@ def test_prices_learned_while_decoding_keep_the_output(models, method):
     engine = CompletionEngine(config, target, draft)
     assert engine.budget.learn and engine.budget.learn_draft
     rows: list[int] = []
+    prices: set[float] = set()  # the row price each step was sized at, over the load's
     observe = engine.budget.observe_step
-    engine.budget.observe_step = lambda n, seconds: (rows.append(n), observe(n, seconds))
+
+    def observe_step(n: int, seconds: float) -> None:
+        rows.append(n)
+        prices.add(engine.budget.costs.row_scale())
+        observe(n, seconds)
+
+    engine.budget.observe_step = observe_step
     for i, prompt in enumerate(random_prompts(target.vocab_size, PROMPTS, seed=131)):
         expected = plain(engine, prompt, 30)
         engine.corpus.set_document("doc", prompt[-4:] + corrupted(expected, every=3 + i % 4))
@@ -408,6 +415,7 @@ def test_prices_learned_while_decoding_keep_the_output(models, method):
         assert generation.tokens == expected, f"{method} with learned prices diverged on prompt {i}"
         assert sum(n - 1 for n in rows) == generation.stats.drafted  # each step timed with its rows
     assert engine.budget.costs.fit()[0] > 0.0  # the steps' seconds reached the fit
+    assert len(prices) > 1  # and moved the price the drafts were sized at
 
 
 def test_the_draft_models_token_cost_is_timed_when_the_engine_loads(models):
