@@ -228,14 +228,16 @@ class DraftBudget:
         """Price the next steps' verify rows after `length` cached tokens (as timed at load, corrected
         by the decode steps where learning)."""
         self._load_ratio = self.row_cost.at(length)
-        scale = self.costs.row_scale() if self.costs is not None and self.learn else 1.0
-        self.ratio = self._load_ratio * scale
+        self.ratio = self._load_ratio * self._row_scale()
 
     def prices(self, length: int) -> Prices:
         """The prices after `length` cached tokens (for reports: pricing steps is at_context's)."""
         timed = self.row_cost.at(length)
-        scale = self.costs.row_scale() if self.costs is not None and self.learn else 1.0
-        return Prices(timed * scale, timed, self.draft_price(), self.draft_cost)
+        return Prices(timed * self._row_scale(), timed, self.draft_price(), self.draft_cost)
+
+    def _row_scale(self) -> float:
+        """What the decode steps say a load-priced row costs, over that price (1 where not learning)."""
+        return self.costs.row_scale() if self.costs is not None and self.learn else 1.0
 
     def draft_price(self) -> float:
         """A draft-model token's cost in 1-row steps: draft_cost, corrected by the decode steps where

@@ -36,7 +36,7 @@ prior pulls it a little towards 1: fit's example).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 FORGET = 0.98  # weight left to earlier steps after each new one (about the last 50 count)
 PRIOR_WEIGHT = 4.0  # pseudo-steps (and pseudo-tokens) at the load-time price
@@ -130,14 +130,13 @@ class StepCosts:
         mean = s.f / s.w
         if mean <= 1e-9:
             return u0, u0
-        prior = _Sums()
-        prior.add(0.0, u0, PRIOR_WEIGHT / 2)
+        total = replace(s)  # the steps and the prior's pseudo-steps
+        total.add(0.0, u0, PRIOR_WEIGHT / 2)
         reach = max(2.0 * mean, PRIOR_REACH)
-        prior.add(reach, u0 * (1.0 + reach), PRIOR_WEIGHT / 2)
-        w, f, ff, t, ft = (s.w + prior.w, s.f + prior.f, s.ff + prior.ff, s.t + prior.t, s.ft + prior.ft)
-        spread = w * ff - f * f  # > 0: the prior's two points differ in f
-        v = (w * ft - f * t) / spread
-        u = (t - v * f) / w
+        total.add(reach, u0 * (1.0 + reach), PRIOR_WEIGHT / 2)
+        spread = total.w * total.ff - total.f * total.f  # > 0: the prior's two points differ in f
+        v = (total.w * total.ft - total.f * total.t) / spread
+        u = (total.t - v * total.f) / total.w
         return u, v
 
     def row_scale(self) -> float:

@@ -155,7 +155,7 @@ def bench_markdown(
     command: str,
     machine: dict,
 ) -> str:
-    from eval.report import origin_table, prices_table, products_note, speed_table
+    from eval.report import origin_table, prices_table, products_note, sections, speed_table
 
     s = summaries[main]
     lines = [
@@ -169,12 +169,7 @@ def bench_markdown(
         "",
         *speed_table(s),
     ]
-    origins = origin_table(s)
-    if origins:
-        lines += ["", *origins]
-    prices = prices_table(s)
-    if prices:
-        lines += ["", *prices]
+    lines += sections(origin_table(s), prices_table(s))
     lines += [
         "",
         "Identical-output rate, `ngram` vs `none`, per mode and dtype:",

@@ -240,20 +240,19 @@ def markdown(summary: dict, meta: dict) -> str:
     for note in meta.get("notes", []):
         lines += [f"Note: {note}", ""]
     lines += speed_table(summary)
-    origins = origin_table(summary)
-    if origins:
-        lines += [""] + origins
-    prices = prices_table(summary)
-    if prices:
-        lines += [""] + prices
+    lines += sections(origin_table(summary), prices_table(summary))
     lines += [""] + lossless_section(summary)
-    quality = quality_table(summary)
-    if quality:
-        lines += [""] + quality
-    variants = variant_table(summary)
-    if variants:
-        lines += [""] + variants
+    lines += sections(quality_table(summary), variant_table(summary))
     return "\n".join(lines) + "\n"
+
+
+def sections(*tables: list[str]) -> list[str]:
+    """The tables that have lines, each after a blank line.
+
+    >>> sections(["a"], [], ["b", "c"])
+    ['', 'a', '', 'b', 'c']
+    """
+    return [line for table in tables if table for line in ["", *table]]
 
 
 def origin_table(summary: dict) -> list[str]:
