@@ -12,8 +12,8 @@ With `panels`, keys and values are kept in the layout row_invariant's kernel mul
 attention scores (q @ keys.T) and outputs (probs @ values) run on it: keys in panels of PANEL
 positions, [layer, kv_head, capacity / PANEL, head_dim, PANEL]; values in panels of PANEL dims,
 [layer, kv_head, ceil(head_dim / PANEL), capacity, PANEL] (zero past head_dim). In float32, or in
-bfloat16 where the kernel's Linears multiply on AMX (row_invariant.cache_dtype): keys and values
-rounded as they are written, attention on AMX tiles, half the bytes a step reads.
+bfloat16 where the kernel's Linears multiply bf16 (row_invariant.cache_dtype): keys and values
+rounded as they are written, attention on AMX tiles or with vdpbf16ps, half the bytes a step reads.
 """
 
 from __future__ import annotations

@@ -117,6 +117,14 @@ blocks in items of 32 slots whose score rows stay in L2. Half the bytes to read 
 multiplies of a verify block almost free. 30 layers' attention at 2,000 keys, two threads, best of 7
 (`/tmp` script; a float32 cache against a bf16 one, one process): rows 1 / 4 / 11 / 16 / 128:
 4.33 / 5.58 / 12.1 / 14.9 / 82.8 ms on the fma chains, 1.57 / 2.36 / 5.30 / 6.25 / 38.4 on AMX.
+In the bf16dot numerics (vdpbf16ps, no AMX) the runner keeps a bfloat16 cache too, where head_dim is
+even (session 37): q and the probabilities rounded to bf16 likewise, each score a chain of vdpbf16ps
+over head_dim in pairs, each output one over the keys in pairs from position 0 (the keys every row
+holds together, then each row's own rest alone, gathered and zero past its length: the split never
+changes a chain); the same softmax. Same measurement on a 2-core AMD EPYC Zen 4, a float32 cache's
+fma chains against a bf16 cache's vdpbf16ps, one process, interleaved (`/tmp` script), rows 1 / 4 /
+11 / 16 / 128: 3.77 / 5.36 / 12.0 / 16.2 / 111 ms against 2.15 / 3.15 / 7.26 / 9.27 / 60.0 on two
+threads; 6.36 / 9.89 / 20.9 / 29.2 / 216 against 2.82 / 5.19 / 13.4 / 17.9 / 119 on one.
 
 The small steps of a layer (`rms_norm`, `rotary`, `silu_mul`) are kernel calls too, each a fixed
 function of its own row: about 25 torch ops a layer became three calls (per layer and 1 row, some
@@ -340,10 +348,14 @@ def numerics_mode(name: str | None) -> Iterator[str]:
         module.set_bf16_dot(dot_before)
 
 
-def cache_dtype(linears_bf16: bool) -> torch.dtype:
-    """The dtype of a kernel runner's KV cache: bfloat16 where its Linears multiply on AMX (bf16 panels,
-    numerics() "amx"), so that attention runs on AMX too and reads half the bytes; else float32."""
-    return torch.bfloat16 if linears_bf16 and numerics() == "amx" else torch.float32
+def cache_dtype(linears_bf16: bool, head_dim: int) -> torch.dtype:
+    """The dtype of a kernel runner's KV cache: bfloat16 where its Linears multiply bf16 panels with bf16
+    inputs (numerics() "amx", or "bf16dot" where head_dim is even: vdpbf16ps multiplies pairs), so
+    that attention multiplies bf16 too (on AMX tiles, or with vdpbf16ps) and reads half the bytes;
+    else float32."""
+    mode = numerics()
+    bf16 = mode == "amx" or (mode == "bf16dot" and head_dim % 2 == 0)
+    return torch.bfloat16 if linears_bf16 and bf16 else torch.float32
 
 
 def usable(dtype: torch.dtype, device: torch.device) -> bool:
@@ -388,9 +400,11 @@ def attention(
     start + depth + 1), with the bits it would get were that path written at start, start + 1, ...:
     one call verifies a whole tree.
 
-    A bfloat16 cache (the amx numerics' cache: `cache_dtype`) is read on AMX tiles: q and the
-    probabilities rounded to bf16, each score and output one chain of tdpbf16ps over blocks of 32;
-    row-invariant too (the kernel's comment says why), with other bits. An error where AMX is off.
+    A bfloat16 cache (the amx and bf16dot numerics' cache: `cache_dtype`) is read with bf16
+    products: q and the probabilities rounded to bf16, each score and output one chain over blocks
+    of 32 of tdpbf16ps (AMX tiles), or over pairs of vdpbf16ps (bf16dot, an even head_dim);
+    row-invariant too (the kernel's comments on amx_attention and dot_attention say why), with other
+    bits. An error under the float32 numerics.
     """
     parents, start = tree if tree is not None else (None, 0)
     return kernel().attention(q, keys, values, lengths, scale, parents, start)

@@ -275,14 +275,15 @@ class DecoderRunner:
             if self.any_schedule
             else []
         )
-        # on the kernel with AMX Linears, a bf16 cache: attention on AMX too (row_invariant.attention)
+        # on the kernel with bf16 Linears (AMX or vdpbf16ps), a bf16 cache: attention multiplies bf16
+        # too (row_invariant.attention)
         linears_bf16 = bool(self._layer_panels) and self._layer_panels[0].panels[0].dtype == torch.bfloat16
         self.cache = KVCache(
             s.n_layers,
             s.n_kv_heads,
             s.head_dim,
             capacity + DECODE_ROWS,
-            row_invariant.cache_dtype(linears_bf16) if self.any_schedule else self.dtype,
+            row_invariant.cache_dtype(linears_bf16, s.head_dim) if self.any_schedule else self.dtype,
             self.device,
             panels=self.any_schedule,
         )

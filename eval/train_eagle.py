@@ -385,8 +385,9 @@ def cached_pass(target, windows: torch.Tensor, name: str, feature_layers: tuple[
         name = f"{name}-layers{'_'.join(map(str, feature_layers))}"
     if (
         target.embed.dtype == torch.float32 and row_invariant.numerics() != "float32"
-    ):  # other features: other files
-        name = f"{name}-{row_invariant.numerics()}"
+    ):  # other features: other files (the numerics, and the KV cache's dtype they attend over)
+        cache = str(row_invariant.cache_dtype(True, target.shape.head_dim)).removeprefix("torch.")
+        name = f"{name}-{row_invariant.numerics()}-kv-{cache}"
     done = TargetPass(
         windows[:0],
         torch.empty(0, length, width, dtype=target.embed.dtype),

@@ -168,7 +168,7 @@ class EagleHead:
         if packed:  # the kernel's panel layout (kv.KVCache's, one layer)
             lin = self.linears
             self.panels = row_invariant.LayerPanels.of((lin.qkv, lin.out, lin.gate_up, lin.down))
-            cache = row_invariant.cache_dtype(linears_bf16=True)
+            cache = row_invariant.cache_dtype(linears_bf16=True, head_dim=s.head_dim)
             value_panels = -(-s.head_dim // PANEL)
             self.keys = torch.zeros(s.n_kv_heads, self.capacity // PANEL, s.head_dim, PANEL, dtype=cache)
             self.values = torch.zeros(s.n_kv_heads, value_panels, self.capacity, PANEL, dtype=cache)

@@ -1312,6 +1312,138 @@ void amx_attention(const AttentionCall& a) {
   });
 }
 
+
+// Attention over a bf16 KV cache with vdpbf16ps, where the bf16 dot numerics run without AMX: q
+// rounded to bf16 as amx_inputs rounds it; each score one chain of vdpbf16ps over d in pairs from
+// zero (micro_dot's, the key panel [d][32] as a weight panel whose columns are keys), times scale;
+// amx_softmax's softmax and bf16 probabilities; each output one chain of vdpbf16ps over the keys in
+// pairs from position 0 (the value panel [positions][32] as a weight panel over k = positions), then
+// +0.0. Every slot runs the pairs below the call's shortest length (a tree's: `start`) together, then
+// each row alone the rest of its own keys, gathered (a tree's path in order) and zero past its length:
+// the split never changes a chain, and no row reads a value past its own keys. So a row's bits
+// depend on nothing beside it, as the other paths'; they are neither the fma chains' nor AMX's.
+// Half the bytes of a float32 cache to stream, and twice the multiply-adds an instruction.
+
+// Scores of the slots of kv head kv against key panels [p0, p1), scaled, into x.scores.
+DOT_TILES void dot_scores(const AmxAttention& x, int64_t kv, int64_t p0, int64_t p1, std::vector<float>& acc) {
+  const AttentionCall& a = x.a;
+  acc.resize(std::max<size_t>(acc.size(), x.slots * kPanel));
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  for (int64_t p = p0; p < p1; ++p) {
+    dot_tiles(x.queries(kv), x.slots, x.dwidth, a.keys16 + kv * a.key_head + p * a.key_panel, 0, a.d, acc.data());
+    for (int64_t s = 0; s < x.slots; ++s) {
+      float* row = x.score_row(kv, s) + p * kPanel;
+      _mm512_storeu_ps(row, _mm512_mul_ps(_mm512_loadu_ps(acc.data() + s * kPanel), scale));
+      _mm512_storeu_ps(row + 16, _mm512_mul_ps(_mm512_loadu_ps(acc.data() + s * kPanel + 16), scale));
+    }
+  }
+}
+
+// Outputs of the slots of kv head kv for value panel c (d columns 32c ..) into a.out.
+DOT_TILES void dot_outputs_of(const AmxAttention& x, int64_t kv, int64_t c, std::vector<float>& acc,
+                              std::vector<uint16_t>& gathered) {
+  const AttentionCall& a = x.a;
+  acc.resize(std::max<size_t>(acc.size(), x.slots * kPanel));
+  const uint16_t* panel = a.values16 + kv * a.value_head + c * a.value_panel;  // [positions][32]
+  const uint16_t* probs = x.probs(kv);
+  const int64_t together = (a.paths ? std::min(a.start, x.shortest) : x.shortest) / 2 * 2;
+  if (together > 0) dot_tiles(probs, x.slots, x.width, panel, 0, together, acc.data());
+  for (int64_t s0 = 0, s1; s0 < x.slots; s0 = s1) {  // a row's slots [s0, s1): the rest of its keys
+    const int64_t row = x.row(s0), length = a.len[row], end = (length + 1) / 2 * 2;
+    for (s1 = s0; s1 < x.slots && x.row(s1) == row;) ++s1;
+    if (end == together) continue;
+    gathered.resize(std::max<size_t>(gathered.size(), end * kPanel));
+    for (int64_t t = together; t < end; ++t) {
+      uint16_t* to = gathered.data() + t * kPanel;
+      if (t < length)
+        std::copy_n(panel + (a.paths ? tree_position(a, row, t) : t) * kPanel, kPanel, to);
+      else
+        std::fill_n(to, kPanel, uint16_t{0});
+    }
+    dot_tiles(probs + s0 * x.width, s1 - s0, x.width, gathered.data(), together, end, acc.data() + s0 * kPanel);
+  }
+  __mmask16 lo, hi;
+  column_masks(std::min(kPanel, a.d - c * kPanel), lo, hi);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t s = 0; s < x.slots; ++s) {
+    float* out = a.out + (x.row(s) * a.heads + x.head(kv, s)) * a.d + c * kPanel;
+    _mm512_mask_storeu_ps(out, lo, _mm512_add_ps(_mm512_loadu_ps(acc.data() + s * kPanel), zero));  // a zero output is +0
+    _mm512_mask_storeu_ps(out + 16, hi, _mm512_add_ps(_mm512_loadu_ps(acc.data() + s * kPanel + 16), zero));
+  }
+}
+
+// A prefill block's work item: a kv head's chunk of kDotChunk slots, its scores, softmaxes and
+// outputs at once, so that its score rows stay in L2 (as amx_chunk's).
+constexpr int64_t kDotChunk = 2 * kDotRows;
+
+DOT_TILES void dot_chunk(const AmxAttention& all, int64_t kv, int64_t first) {
+  thread_local std::vector<float> scores, acc;
+  thread_local std::vector<uint16_t> probs, gathered;
+  const int64_t count = std::min(kDotChunk, all.slots - first);
+  int64_t shortest = std::numeric_limits<int64_t>::max(), longest = 0;
+  for (int64_t s = first; s < first + count; ++s) {
+    shortest = std::min(shortest, all.a.len[s / all.group]);
+    longest = std::max(longest, all.a.len[s / all.group]);
+  }
+  const int64_t width = (longest + kPanel - 1) / kPanel * kPanel;
+  scores.resize(std::max<size_t>(scores.size(), count * width));
+  probs.resize(std::max<size_t>(probs.size(), count * width));
+  AmxAttention x{all.a,   all.group, count,     count,         all.dwidth, width, shortest, longest,
+                 count,   all.qa + (kv * all.m16 + first) * all.dwidth, scores.data(), probs.data(), first, true};
+  dot_scores(x, kv, 0, width / kPanel, acc);
+  for (int64_t s = 0; s < count; ++s) amx_softmax(x, kv, s);
+  for (int64_t c = 0; c < (x.a.d + kPanel - 1) / kPanel; ++c) dot_outputs_of(x, kv, c, acc, gathered);
+}
+
+void dot_attention(const AttentionCall& a) {
+  const int64_t group = a.heads / a.kv_heads, slots = a.rows * group, dblocks = (a.d + kAmxK - 1) / kAmxK;
+  const int64_t scored = a.paths ? a.start + a.nodes : a.longest;  // keys scored where they lie
+  const int64_t width = (scored + kPanel - 1) / kPanel * kPanel, panels = width / kPanel;
+  const bool chunked = a.rows > kHalfRowsMost && !a.paths;
+  thread_local std::vector<float> query, scores;
+  thread_local std::vector<uint16_t> qa, pa;
+  query.resize(std::max<size_t>(query.size(), slots * a.d));
+  qa.resize(std::max<size_t>(qa.size(), a.kv_heads * slots * dblocks * kAmxK));
+  if (!chunked) {
+    scores.resize(std::max<size_t>(scores.size(), a.kv_heads * slots * width));
+    pa.resize(std::max<size_t>(pa.size(), a.kv_heads * slots * width));
+  }
+  for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
+    for (int64_t s = 0; s < slots; ++s) {
+      const float* from = a.q + ((s / group) * a.heads + kv * group + s % group) * a.d;
+      std::copy(from, from + a.d, query.data() + s * a.d);
+    }
+    amx_inputs(query.data(), slots, a.d, slots, dblocks, qa.data() + kv * slots * dblocks * kAmxK);
+  }
+  int64_t shortest = a.len[0];
+  for (int64_t row = 1; row < a.rows; ++row) shortest = std::min(shortest, a.len[row]);
+  const AmxAttention x{a,         group, slots,     slots,         dblocks * kAmxK, width, shortest,
+                       a.longest, slots, qa.data(), scores.data(), pa.data()};
+  if (chunked) {
+    const int64_t chunks = (slots + kDotChunk - 1) / kDotChunk;
+    parallel_items(a.kv_heads * chunks, true, [&](const auto& claim) {
+      for (int64_t item; (item = claim()) >= 0;) dot_chunk(x, item / chunks, (item % chunks) * kDotChunk);
+    });
+    return;
+  }
+  const int64_t blocks = (panels + kKeyBlock - 1) / kKeyBlock, value_panels = (a.d + kPanel - 1) / kPanel;
+  parallel_items(a.kv_heads * blocks, false, [&](const auto& claim) {
+    thread_local std::vector<float> acc;
+    for (int64_t item; (item = claim()) >= 0;) {
+      const int64_t kv = item / blocks, p0 = (item % blocks) * kKeyBlock;
+      dot_scores(x, kv, p0, std::min(panels, p0 + kKeyBlock), acc);
+    }
+  });
+  parallel_items(a.kv_heads * slots, false, [&](const auto& claim) {
+    for (int64_t item; (item = claim()) >= 0;) amx_softmax(x, item / slots, item % slots);
+  });
+  parallel_items(a.kv_heads * value_panels, false, [&](const auto& claim) {
+    thread_local std::vector<float> acc;
+    thread_local std::vector<uint16_t> gathered;
+    for (int64_t item; (item = claim()) >= 0;) dot_outputs_of(x, item / value_panels, item % value_panels, acc, gathered);
+  });
+}
+
 }  // namespace
 
 // Causal attention of `rows` query rows over the KV cache of one layer, in the panel layout:
@@ -1336,8 +1468,10 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
   const bool amx = keys.scalar_type() == torch::kBFloat16;
   TORCH_CHECK((amx || keys.scalar_type() == torch::kFloat32) && values.scalar_type() == keys.scalar_type(),
               "attention: keys and values both float32, or both bfloat16");
-  TORCH_CHECK(!amx || (amx_on.load() && bf16_dot_on.load()),
-              "attention: a bfloat16 cache is read on AMX tiles, and they are off (row_invariant.numerics)");
+  TORCH_CHECK(!amx || bf16_dot_on.load(),
+              "attention: a bfloat16 cache is read by the bf16 dot numerics (AMX tiles or vdpbf16ps), and "
+              "they are off (row_invariant.numerics)");
+  TORCH_CHECK(!amx || q.size(2) % 2 == 0, "attention: a bfloat16 cache needs an even head_dim (pairs of bf16)");
   TORCH_CHECK(keys.dim() == 4 && keys.size(2) == q.size(2) && keys.size(3) == kPanel && keys.stride(3) == 1 &&
                   keys.stride(2) == kPanel,
               "attention: keys [kv_heads, panels, d, 32]");
@@ -1394,7 +1528,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
     if (amx) {
       call.keys16 = reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>());
       call.values16 = reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>());
-      amx_attention(call);
+      amx_on.load() ? amx_attention(call) : dot_attention(call);
     } else {
       attention_few(call);
     }

@@ -254,14 +254,14 @@ def filled_cache(kv_heads: int, head_dim: int, positions: int, seed: int, dtype:
     return cache, keys, values
 
 
-@pytest.fixture(params=["float32", "bfloat16-amx"])
+@pytest.fixture(params=["float32", "bfloat16-amx", "bfloat16-bf16dot"])
 def cache_dtype(request) -> Iterator[torch.dtype]:
-    """The KV cache's dtype: float32 (attention's fma chains), or bfloat16 as the amx numerics keep it
-    (attention on AMX tiles)."""
+    """The KV cache's dtype: float32 (attention's fma chains), or bfloat16 as the amx and bf16dot
+    numerics keep it (attention on AMX tiles, or with vdpbf16ps)."""
     if request.param == "float32":
         yield torch.float32
         return
-    with numerics_or_skip("amx"):
+    with numerics_or_skip(request.param.removeprefix("bfloat16-")):
         yield torch.bfloat16
 
 
@@ -294,13 +294,26 @@ def test_attention_values_are_those_of_softmax_attention(kv_heads, group, head_d
             )
 
 
-def test_a_bf16_cache_outside_the_amx_numerics_is_a_clear_error():
+def test_a_bf16_cache_outside_the_bf16_numerics_is_a_clear_error():
     cache, _, _ = filled_cache(1, 64, 64, seed=4, dtype=torch.bfloat16)
     with row_invariant.numerics_mode("float32"):
-        with pytest.raises(RuntimeError, match="AMX tiles, and they are off"):
+        with pytest.raises(RuntimeError, match="bf16 dot numerics .* and they are off"):
             row_invariant.attention(
                 torch.randn(1, 1, 64), cache.keys[0], cache.values[0], torch.tensor([9]), 0.125
             )
+
+
+def test_the_bf16dot_numerics_keep_a_bf16_cache_only_for_an_even_head_dim():
+    # vdpbf16ps multiplies pairs: an odd head_dim keeps the float32 cache and its fma chains
+    with numerics_or_skip("bf16dot"):
+        assert row_invariant.cache_dtype(True, 64) == torch.bfloat16
+        assert row_invariant.cache_dtype(True, 63) == torch.float32
+        assert row_invariant.cache_dtype(False, 64) == torch.float32  # float32 panels
+        odd = torch.zeros(1, 2, 63, 32, dtype=torch.bfloat16), torch.zeros(1, 2, 64, 32, dtype=torch.bfloat16)
+        with pytest.raises(RuntimeError, match="even head_dim"):
+            row_invariant.attention(torch.randn(1, 1, 63), *odd, torch.tensor([9]), 0.125)
+    with numerics_or_skip("float32"):
+        assert row_invariant.cache_dtype(True, 64) == torch.float32
 
 
 def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_count(cache_dtype):
