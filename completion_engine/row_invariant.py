@@ -404,7 +404,7 @@ def attention(
     products: q and the probabilities rounded to bf16, each score and output one chain over blocks
     of 32 of tdpbf16ps (AMX tiles), or over pairs of vdpbf16ps (bf16dot, an even head_dim);
     row-invariant too (the kernel's comments on amx_attention and dot_attention say why), with other
-    bits. An error under the float32 numerics.
+    bits. An error under the float32 numerics, and without AMX for an odd head_dim.
     """
     parents, start = tree if tree is not None else (None, 0)
     return kernel().attention(q, keys, values, lengths, scale, parents, start)

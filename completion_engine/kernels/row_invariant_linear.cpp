@@ -620,6 +620,8 @@ inline uint16_t* amx_b_buffer(std::vector<uint16_t>& buffer, int64_t m16, int64_
   return aligned_tiles(buffer, (m16 <= 2 * kAmxRows ? 2 : blocks) * 2);
 }
 
+// (dot_attention calls this on CPUs without AMX, as it does amx_softmax: neither may hold a tile
+// instruction.)
 // x rounded to bf16 (to nearest even; vcvtneps2bf16, whose flushed denormals tdpbf16ps would flush
 // anyway) into xa [m16, blocks * 32], zero past x's k columns and, where the tiles may read them (16
 // rows and more: amx_configure; amx_configure_tail's read none), past its m rows.
@@ -862,7 +864,7 @@ constexpr int64_t kFewRows = 8;
 // The cache of one layer as attention reads it, and the rows asking.
 struct AttentionCall {
   const float* q;  // [rows, heads, d]
-  const float* keys;  // float32 caches; bf16 ones (attention on AMX): keys16, values16
+  const float* keys;  // float32 caches; bf16 ones (the amx and bf16dot numerics'): keys16, values16
   int64_t key_head, key_panel;  // strides: keys [kv_heads, panels, d, 32]
   const float* values;
   int64_t value_head, value_panel;  // strides: values [kv_heads, ceil(d / 32), positions, 32]
@@ -1109,6 +1111,7 @@ AMX_TILES inline __mmask16 inside16(int64_t j, int64_t length) {
   return static_cast<__mmask16>((1u << inside) - 1);
 }
 
+// (Also dot_attention's, on CPUs without AMX: no tile instruction here.)
 // Slot s of kv head kv: its scores in key order (a tree node's path after `start`), then its softmax
 // as bf16 probabilities into x.pa, zero past its length: exp of each score less the row's maximum,
 // times 1 / their sum (16 lanes over the row's scores in order, the lanes added by one fixed
@@ -1453,8 +1456,8 @@ void dot_attention(const AttentionCall& a) {
 // function of the row's own scores (softmax_row); every output is the fixed fma chain over the row's own
 // keys, in order. Keys and values past a row's length are never used (they may hold anything). So a row's
 // output does not depend on the rows beside it, how many there are, or the threads. -> [rows, heads * d]
-// Keys and values in bfloat16 (the amx numerics' cache): on AMX tiles, with the same invariances
-// (amx_attention says how, and where a row's chain runs past its length).
+// Keys and values in bfloat16 (the amx and bf16dot numerics' cache): on AMX tiles, or with vdpbf16ps
+// (an even d), with the same invariances (amx_attention and dot_attention say how).
 // parents [nodes] (a token tree, else none): node j's keys and values lie at start + j, parents[j] < j
 // or -1 (a root: several may be); the rows are the last `rows` nodes (a verify step's: every node; a
 // draft head's: the level it adds), each attending to [0, start) and then its root-to-node path.
@@ -1464,14 +1467,15 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
   TORCH_CHECK(q.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu() && lengths.device().is_cpu(),
               "attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(), "attention: q [rows, heads, d] contiguous float32");
-  // a bf16 cache (the amx numerics'): attention on AMX tiles
+  // a bf16 cache (the amx and bf16dot numerics'): attention on AMX tiles, or with vdpbf16ps
   const bool amx = keys.scalar_type() == torch::kBFloat16;
   TORCH_CHECK((amx || keys.scalar_type() == torch::kFloat32) && values.scalar_type() == keys.scalar_type(),
               "attention: keys and values both float32, or both bfloat16");
   TORCH_CHECK(!amx || bf16_dot_on.load(),
               "attention: a bfloat16 cache is read by the bf16 dot numerics (AMX tiles or vdpbf16ps), and "
               "they are off (row_invariant.numerics)");
-  TORCH_CHECK(!amx || q.size(2) % 2 == 0, "attention: a bfloat16 cache needs an even head_dim (pairs of bf16)");
+  TORCH_CHECK(!amx || amx_on.load() || q.size(2) % 2 == 0,
+              "attention: a bfloat16 cache without AMX tiles needs an even head_dim (vdpbf16ps multiplies pairs)");
   TORCH_CHECK(keys.dim() == 4 && keys.size(2) == q.size(2) && keys.size(3) == kPanel && keys.stride(3) == 1 &&
                   keys.stride(2) == kPanel,
               "attention: keys [kv_heads, panels, d, 32]");
@@ -1482,6 +1486,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
               "attention: lengths [rows] int64");
   const int64_t rows = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = keys.size(0);
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "attention: heads must be a multiple of kv_heads");
+  if (rows == 0) return torch::empty({0, heads * d}, q.options());  // no row asks: nothing to read
   const auto length = lengths.contiguous();
   const int64_t* len = length.data_ptr<int64_t>();
   int64_t longest = 0;
@@ -1800,7 +1805,7 @@ bool set_wide_tiles(bool on) {
 // Every cache computed in the other mode is then stale: the caller starts from an empty cache.
 bool set_bf16_dot(bool on) {
   const bool cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512bf16");
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
   return bf16_dot_on.exchange(on && cpu);
 }
 

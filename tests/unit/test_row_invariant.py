@@ -316,6 +316,27 @@ def test_the_bf16dot_numerics_keep_a_bf16_cache_only_for_an_even_head_dim():
         assert row_invariant.cache_dtype(True, 64) == torch.float32
 
 
+def test_the_amx_numerics_keep_a_bf16_cache_for_an_odd_head_dim_too():
+    # AMX tiles pad head_dim to blocks of 32: an odd one is read as the even ones are
+    with numerics_or_skip("amx"):
+        assert row_invariant.cache_dtype(True, 63) == torch.bfloat16
+        cache, keys, values = filled_cache(1, 63, 64, seed=4, dtype=torch.bfloat16)
+        q = torch.randn(2, 1, 63, generator=torch.Generator().manual_seed(5))
+        got = row_invariant.attention(q, cache.keys[0], cache.values[0], torch.tensor([9, 40]), 0.125)
+        for row, length in enumerate((9, 40)):
+            keys16, values16 = keys[0, :length].bfloat16().float(), values[0, :length].bfloat16().float()
+            want = torch.softmax(q[row, 0] @ keys16.T * 0.125, dim=-1) @ values16
+            assert torch.allclose(got[row], want, atol=2e-2, rtol=2e-2)
+
+
+def test_attention_of_no_rows_is_empty():
+    cache, _, _ = filled_cache(3, 64, 64, seed=4)
+    got = row_invariant.attention(
+        torch.zeros(0, 9, 64), cache.keys[0], cache.values[0], torch.zeros(0, dtype=torch.long), 0.125
+    )
+    assert got.shape == (0, 9 * 64)
+
+
 def test_attention_gives_a_row_the_same_bits_alone_in_any_company_and_thread_count(cache_dtype):
     cache, _, _ = filled_cache(3, 64, 512, seed=2, dtype=cache_dtype)
     q = torch.randn(40, 9, 64, generator=torch.Generator().manual_seed(3))
