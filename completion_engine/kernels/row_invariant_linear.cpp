@@ -1245,6 +1245,28 @@ AMX_TILES void amx_chunk(const AmxAttention& all, int64_t kv, int64_t first, std
   for (int64_t c = 0; c < (x.a.d + kPanel - 1) / kPanel; ++c) amx_outputs_of(x, kv, c, acc, buffer);
 }
 
+// Every kv head's query slots (slot = row * group + head in the group) rounded to bf16 as
+// amx_inputs rounds them, into qa [kv_heads][m16][32 * dblocks] (m16 >= the slots): what the bf16
+// caches' attention multiplies, on AMX tiles or with vdpbf16ps.
+void bf16_queries(const AttentionCall& a, int64_t m16, int64_t dblocks, std::vector<uint16_t>& qa) {
+  const int64_t group = a.heads / a.kv_heads, slots = a.rows * group;
+  thread_local std::vector<float> query;
+  query.resize(std::max<size_t>(query.size(), slots * a.d));
+  qa.resize(std::max<size_t>(qa.size(), a.kv_heads * m16 * dblocks * kAmxK));
+  for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
+    for (int64_t s = 0; s < slots; ++s) {
+      const float* from = a.q + ((s / group) * a.heads + kv * group + s % group) * a.d;
+      std::copy(from, from + a.d, query.data() + s * a.d);
+    }
+    amx_inputs(query.data(), slots, a.d, m16, dblocks, qa.data() + kv * m16 * dblocks * kAmxK);
+  }
+}
+
+// The least length of a call's rows.
+int64_t shortest_length(const AttentionCall& a) {
+  return *std::min_element(a.len, a.len + a.rows);
+}
+
 void amx_attention(const AttentionCall& a) {
   const int64_t group = a.heads / a.kv_heads, slots = a.rows * group;
   const int64_t m16 = (slots + kAmxRows - 1) / kAmxRows * kAmxRows, dblocks = (a.d + kAmxK - 1) / kAmxK;
@@ -1255,27 +1277,19 @@ void amx_attention(const AttentionCall& a) {
   // three row tiles (amx_panel runs one alone and a pair, as it would a pair and one alone); with
   // more, the tiles before the last pair would each run alone (4 tiles: 3 passes, not 2)
   const bool tail = !chunked && slots <= 3 * kAmxRows;
-  thread_local std::vector<float> query, scores;
+  thread_local std::vector<float> scores;
   thread_local std::vector<uint16_t> qa, pa;
-  query.resize(std::max<size_t>(query.size(), slots * a.d));
-  qa.resize(std::max<size_t>(qa.size(), a.kv_heads * m16 * dblocks * kAmxK));
+  bf16_queries(a, m16, dblocks, qa);
   if (!chunked) {
     scores.resize(std::max<size_t>(scores.size(), a.kv_heads * slots * width));
     pa.resize(std::max<size_t>(pa.size(), a.kv_heads * m16 * width));
   }
-  for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
-    for (int64_t s = 0; s < slots; ++s) {
-      const float* from = a.q + ((s / group) * a.heads + kv * group + s % group) * a.d;
-      std::copy(from, from + a.d, query.data() + s * a.d);
-    }
-    amx_inputs(query.data(), slots, a.d, m16, dblocks, qa.data() + kv * m16 * dblocks * kAmxK);
-    // probability rows past the slots: zero where the tiles read them (16 rows and more under
-    // amx_configure; none under amx_configure_tail's; a chunk zeroes its own: amx_chunk)
-    if (!chunked && !tail && slots >= kAmxRows)
+  // probability rows past the slots: zero where the tiles read them (16 rows and more under
+  // amx_configure; none under amx_configure_tail's; a chunk zeroes its own: amx_chunk)
+  if (!chunked && !tail && slots >= kAmxRows)
+    for (int64_t kv = 0; kv < a.kv_heads; ++kv)
       std::fill_n(pa.data() + (kv * m16 + slots) * width, (m16 - slots) * width, uint16_t{0});
-  }
-  int64_t shortest = a.len[0];
-  for (int64_t row = 1; row < a.rows; ++row) shortest = std::min(shortest, a.len[row]);
+  const int64_t shortest = shortest_length(a);
   AmxAttention x{a,        group,         slots,       m16,       dblocks * kAmxK, width, shortest,
                  a.longest, std::min(slots, kAmxRows), qa.data(), scores.data(),  pa.data()};
   x.tail = tail;
@@ -1403,23 +1417,14 @@ void dot_attention(const AttentionCall& a) {
   const int64_t scored = a.paths ? a.start + a.nodes : a.longest;  // keys scored where they lie
   const int64_t width = (scored + kPanel - 1) / kPanel * kPanel, panels = width / kPanel;
   const bool chunked = a.rows > kHalfRowsMost && !a.paths;
-  thread_local std::vector<float> query, scores;
+  thread_local std::vector<float> scores;
   thread_local std::vector<uint16_t> qa, pa;
-  query.resize(std::max<size_t>(query.size(), slots * a.d));
-  qa.resize(std::max<size_t>(qa.size(), a.kv_heads * slots * dblocks * kAmxK));
+  bf16_queries(a, slots, dblocks, qa);
   if (!chunked) {
     scores.resize(std::max<size_t>(scores.size(), a.kv_heads * slots * width));
     pa.resize(std::max<size_t>(pa.size(), a.kv_heads * slots * width));
   }
-  for (int64_t kv = 0; kv < a.kv_heads; ++kv) {
-    for (int64_t s = 0; s < slots; ++s) {
-      const float* from = a.q + ((s / group) * a.heads + kv * group + s % group) * a.d;
-      std::copy(from, from + a.d, query.data() + s * a.d);
-    }
-    amx_inputs(query.data(), slots, a.d, slots, dblocks, qa.data() + kv * slots * dblocks * kAmxK);
-  }
-  int64_t shortest = a.len[0];
-  for (int64_t row = 1; row < a.rows; ++row) shortest = std::min(shortest, a.len[row]);
+  const int64_t shortest = shortest_length(a);
   const AmxAttention x{a,         group, slots,     slots,         dblocks * kAmxK, width, shortest,
                        a.longest, slots, qa.data(), scores.data(), pa.data()};
   if (chunked) {
