@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <string>
+#include <utility>
 #include <atomic>
 #include <limits>
 #include <cmath>
@@ -1216,6 +1217,17 @@ AMX_TILES void amx_outputs_of(const AmxAttention& x, int64_t kv, int64_t c, std:
   }
 }
 
+// The least and the most length of the rows of slots [first, first + count): a chunk's keys (a
+// prefill block's first chunks see few of the block's).
+std::pair<int64_t, int64_t> slot_lengths(const AmxAttention& all, int64_t first, int64_t count) {
+  int64_t shortest = std::numeric_limits<int64_t>::max(), longest = 0;
+  for (int64_t s = first; s < first + count; ++s) {
+    shortest = std::min(shortest, all.a.len[s / all.group]);
+    longest = std::max(longest, all.a.len[s / all.group]);
+  }
+  return {shortest, longest};
+}
+
 // A prefill block's work items: a kv head's chunk of kAmxChunk slots (two row tiles), its scores,
 // softmaxes and outputs at once, so that its score rows (kAmxChunk x the keys) stay in L2. Measured
 // (30 layers' attention, 128 rows at 2,000 keys, two threads): 67 ms in three passes over every slot
@@ -1225,12 +1237,7 @@ constexpr int64_t kAmxChunk = 2 * kAmxRows;
 AMX_TILES void amx_chunk(const AmxAttention& all, int64_t kv, int64_t first, std::vector<float>& scores,
                          std::vector<uint16_t>& probs, std::vector<float>& acc, std::vector<uint16_t>& buffer) {
   const int64_t count = std::min(kAmxChunk, all.slots - first);
-  // the chunk's rows' lengths: its keys (a prefill block's first chunks see few of the block's)
-  int64_t shortest = std::numeric_limits<int64_t>::max(), longest = 0;
-  for (int64_t s = first; s < first + count; ++s) {
-    shortest = std::min(shortest, all.a.len[s / all.group]);
-    longest = std::max(longest, all.a.len[s / all.group]);
-  }
+  const auto [shortest, longest] = slot_lengths(all, first, count);
   const int64_t width = (longest + kPanel - 1) / kPanel * kPanel;
   scores.resize(std::max<size_t>(scores.size(), kAmxChunk * width));
   probs.resize(std::max<size_t>(probs.size(), kAmxChunk * width));
@@ -1397,11 +1404,7 @@ DOT_TILES void dot_chunk(const AmxAttention& all, int64_t kv, int64_t first) {
   thread_local std::vector<float> scores, acc;
   thread_local std::vector<uint16_t> probs, gathered;
   const int64_t count = std::min(kDotChunk, all.slots - first);
-  int64_t shortest = std::numeric_limits<int64_t>::max(), longest = 0;
-  for (int64_t s = first; s < first + count; ++s) {
-    shortest = std::min(shortest, all.a.len[s / all.group]);
-    longest = std::max(longest, all.a.len[s / all.group]);
-  }
+  const auto [shortest, longest] = slot_lengths(all, first, count);
   const int64_t width = (longest + kPanel - 1) / kPanel * kPanel;
   scores.resize(std::max<size_t>(scores.size(), count * width));
   probs.resize(std::max<size_t>(probs.size(), count * width));
