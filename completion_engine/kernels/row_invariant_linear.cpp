@@ -1370,7 +1370,7 @@ DOT_TILES void dot_outputs_of(const AmxAttention& x, int64_t kv, int64_t c, std:
   acc.resize(std::max<size_t>(acc.size(), x.slots * kPanel));
   const uint16_t* panel = a.values16 + kv * a.value_head + c * a.value_panel;  // [positions][32]
   const uint16_t* probs = x.probs(kv);
-  const int64_t together = (a.paths ? std::min(a.start, x.shortest) : x.shortest) / 2 * 2;
+  const int64_t together = (a.paths ? a.start : x.shortest) / 2 * 2;  // a tree's rows: longer than start
   if (together > 0) dot_tiles(probs, x.slots, x.width, panel, 0, together, acc.data());
   for (int64_t s0 = 0, s1; s0 < x.slots; s0 = s1) {  // a row's slots [s0, s1): the rest of its keys
     const int64_t row = x.row(s0), length = a.len[row], end = (length + 1) / 2 * 2;
