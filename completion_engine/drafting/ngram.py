@@ -14,6 +14,7 @@ from completion_engine.drafting.ngram_index import (
     Match,
     match_in_context,
     matches_in_context,
+    ngram_key,
 )
 from completion_engine.drafting.tree import Continuation, candidate_tree
 from completion_engine.sampling import Sampler
@@ -91,8 +92,10 @@ def find_continuations(
     found = [(m, context, CONTEXT) for m in matches_in_context(context, min_n, max_n)]
     if corpus is not None:
         tail = context[-max_n:]
+        # the same key in every document (None: a tail shorter than their n-grams finds nothing)
+        key = ngram_key(tail[-corpus.min_n :]) if len(tail) >= corpus.min_n else None
         for doc, origin in corpus.most_recent_first():
-            found += [(m, doc.tokens, origin) for m in doc.find_all(tail, max_n)]
+            found += [(m, doc.tokens, origin) for m in doc.find_all(tail, max_n, key)]
     if not found:
         return 0, []
     longest = max(match.length for match, _, _ in found)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from completion_engine.drafting.ngram import DocumentCorpus, NgramDrafter, continue_periodically, find_draft
-from completion_engine.drafting.ngram_index import DocumentIndex, match_in_context
+from completion_engine.drafting.ngram_index import (
+    DocumentIndex,
+    extend_backwards,
+    match_in_context,
+    ngram_hashes,
+    ngram_key,
+)
 
 
 def arr(*tokens: int) -> np.ndarray:
@@ -150,3 +156,28 @@ def test_a_node_shared_by_matches_is_credited_to_the_first_that_reaches_it():
     tokens, parents, origins = candidate_tree([first, later], budget=4)
     assert tokens == [4, 5, 6, 9] and parents == [-1, 0, 1, 1]
     assert origins == ["context", "context", "context", "documents"]
+
+
+def test_extend_backwards_counts_each_candidates_agreeing_tokens():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sequence = rng.integers(0, 3, size=int(rng.integers(1, 40)))
+        tail = rng.integers(0, 3, size=int(rng.integers(0, 10)))
+        ends = rng.integers(0, len(sequence), size=int(rng.integers(0, 12)))
+        max_n = int(rng.integers(1, 10))
+        expected = []
+        for end in ends:
+            length = 0
+            while length < min(max_n, len(tail)) and end - length >= 0:
+                if sequence[end - length] != tail[-1 - length]:
+                    break
+                length += 1
+            expected.append(length)
+        assert extend_backwards(sequence, ends, tail, max_n).tolist() == expected
+
+
+def test_ngram_key_is_the_hash_of_the_index():
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 8):
+        tokens = rng.integers(0, 50_000, size=n)
+        assert ngram_key(tokens) == ngram_hashes(tokens, n)[0]
