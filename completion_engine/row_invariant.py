@@ -497,6 +497,21 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.panels, self.out_features, self.bias)
 
+    def first_inputs(self, in_features: int) -> PackedLinear:
+        """The Linear of the weight's first in_features columns, as a view of these panels (no copy,
+        no second stream of those weights): the same products over the same k blocks, so the same
+        bits as those columns packed apart. In AMX tile order in_features must be a multiple of AMX_K."""
+        if not self.splits_at(in_features):
+            raise ValueError(f"AMX-ordered panels split at multiples of {AMX_K} inputs, not {in_features}")
+        amx_order = self.panels.shape[2] != PANEL
+        return PackedLinear(
+            self.panels[:, : in_features // AMX_K if amx_order else in_features], self.out_features, self.bias
+        )
+
+    def splits_at(self, in_features: int) -> bool:
+        """Whether first_inputs(in_features) can view these panels (plain panels: any k)."""
+        return self.panels.shape[2] == PANEL or in_features % AMX_K == 0
+
 
 def is_bf16_valued(weight: torch.Tensor) -> bool:
     """Whether every value of a float32 tensor is a bf16 value (a bf16 checkpoint loaded in float32)."""

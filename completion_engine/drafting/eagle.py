@@ -127,9 +127,16 @@ class HeadLinears:
     def of(cls, w: EagleWeights, packed: bool) -> HeadLinears:
         layer = w.layer
         fc = head_linear(w.fc, None, packed)
+        guess_inputs = 2 * w.shape.hidden
+        if not w.feature_layers:
+            fc_guess = fc
+        elif isinstance(fc, row_invariant.PackedLinear) and fc.splits_at(guess_inputs):
+            fc_guess = fc.first_inputs(guess_inputs)  # fc's own panels: a step streams them once
+        else:
+            fc_guess = head_linear(w.fc[:, :guess_inputs], None, packed)
         return cls(
             fc=fc,
-            fc_guess=head_linear(w.fc[:, : 2 * w.shape.hidden], None, packed) if w.feature_layers else fc,
+            fc_guess=fc_guess,
             qkv=head_linear(layer.qkv, layer.qkv_bias, packed),
             out=head_linear(layer.out, None, packed),
             gate_up=head_linear(layer.gate_up, None, packed),

@@ -222,6 +222,27 @@ def test_panels_in_amx_tile_order_give_the_bits_of_plain_panels(out_features, in
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("numerics", ["float32", *BF16_NUMERICS])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_first_inputs_view_gives_the_bits_of_those_columns_packed_apart(numerics, bf16):
+    # an EAGLE head's fc_guess: fc's first 2 x hidden inputs, k = 320 of 576 (2.5 k blocks)
+    generator = torch.Generator().manual_seed(33)
+    weight = torch.randn(70, 576, generator=generator)
+    weight = weight.bfloat16().float() if bf16 else weight
+    x = torch.randn(20, 320, generator=generator)
+    with numerics_or_skip(numerics):
+        whole = row_invariant.pack(weight, amx_order=True)
+        apart = row_invariant.pack(weight[:, :320], amx_order=True)
+        first = whole.first_inputs(320)
+        assert first.panels.data_ptr() == whole.panels.data_ptr()  # a view: no second copy
+        for rows in (1, 3, 16, 20):
+            assert torch.equal(first(x[:rows]), apart(x[:rows])), rows
+        if whole.panels.shape[2] != row_invariant.PANEL:  # AMX tile order splits at 32 inputs
+            assert not whole.splits_at(300)
+            with pytest.raises(ValueError, match="multiples of 32"):
+                whole.first_inputs(300)
+
+
 def test_amx_order_is_asked_only_where_it_applies_and_refused_under_other_numerics():
     generator = torch.Generator().manual_seed(21)
     weight = torch.randn(40, 64, generator=generator).bfloat16().float()
