@@ -500,7 +500,11 @@ class PackedLinear:
     def first_inputs(self, in_features: int) -> PackedLinear:
         """The Linear of the weight's first in_features columns, as a view of these panels (no copy,
         no second stream of those weights): the same products over the same k blocks, so the same
-        bits as those columns packed apart. In AMX tile order in_features must be a multiple of AMX_K."""
+        bits as those columns packed apart into panels of the same dtype. In AMX tile order
+        in_features must be a multiple of AMX_K."""
+        inputs = self.panels.shape[1] * (AMX_K if self.panels.shape[2] != PANEL else 1)
+        if not 0 < in_features <= inputs:
+            raise ValueError(f"first_inputs: {in_features} of a weight's {inputs} inputs")
         if not self.splits_at(in_features):
             raise ValueError(f"AMX-ordered panels split at multiples of {AMX_K} inputs, not {in_features}")
         amx_order = self.panels.shape[2] != PANEL

@@ -139,7 +139,8 @@ class DocumentIndex:
         return best_match(self.tokens, self._candidates(tail), tail, self.min_n, max_n)
 
     def find_all(self, tail: np.ndarray, max_n: int, key: np.uint64 | None = None) -> list[Match]:
-        """key: ngram_key of the tail's last min_n tokens (a caller that looks in several documents)."""
+        """key: ngram_key of the tail's last self.min_n tokens, from a caller that looks in several
+        documents (DocumentCorpus builds them all with its min_n)."""
         return all_matches(self.tokens, self._candidates(tail, key), tail, self.min_n, max_n)
 
     def _candidates(self, tail: np.ndarray, key: np.uint64 | None = None) -> np.ndarray:

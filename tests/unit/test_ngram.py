@@ -181,3 +181,13 @@ def test_ngram_key_is_the_hash_of_the_index():
     for n in (1, 2, 3, 8):
         tokens = rng.integers(0, 50_000, size=n)
         assert ngram_key(tokens) == ngram_hashes(tokens, n)[0]
+
+
+def test_documents_indexed_with_their_own_n_gram_length_find_what_they_did():
+    # the corpus's n-grams (3) longer than the drafter's shortest match (2): the documents' key is
+    # the corpus's; a tail shorter than it finds nothing there, and no error
+    corpus = DocumentCorpus(min_n=3)
+    corpus.set_document("a", [1, 2, 3, 4, 5, 6, 7])
+    drafter = NgramDrafter(corpus, min_n=2, max_n=4)
+    assert drafter.propose([9, 2, 3, 4], k=3).tokens == [5, 6, 7]
+    assert drafter.propose([3, 4], k=3).tokens == []  # a 2-token tail: shorter than the documents' n-grams

@@ -224,19 +224,27 @@ def test_panels_in_amx_tile_order_give_the_bits_of_plain_panels(out_features, in
 
 @pytest.mark.parametrize("numerics", ["float32", *BF16_NUMERICS])
 @pytest.mark.parametrize("bf16", [False, True])
-def test_the_first_inputs_view_gives_the_bits_of_those_columns_packed_apart(numerics, bf16):
-    # an EAGLE head's fc_guess: fc's first 2 x hidden inputs, k = 320 of 576 (2.5 k blocks)
+@pytest.mark.parametrize("inputs, first_inputs", [(576, 320), (300, 160), (301, 151)])
+def test_the_first_inputs_view_gives_the_bits_of_those_columns_packed_apart(
+    numerics, bf16, inputs, first_inputs
+):
+    # 576 -> 320: an EAGLE head's fc_guess (fc's first 2 x hidden inputs; 2.5 k blocks; AMX tile
+    # order under amx); 300 -> 160: plain bf16 panels under amx; 301 -> 151: odd, no pairs to dot
     generator = torch.Generator().manual_seed(33)
-    weight = torch.randn(70, 576, generator=generator)
+    weight = torch.randn(70, inputs, generator=generator)
     weight = weight.bfloat16().float() if bf16 else weight
-    x = torch.randn(20, 320, generator=generator)
+    bias = torch.randn(70, generator=generator)
+    x = torch.randn(40, first_inputs, generator=generator)
     with numerics_or_skip(numerics):
-        whole = row_invariant.pack(weight, amx_order=True)
-        apart = row_invariant.pack(weight[:, :320], amx_order=True)
-        first = whole.first_inputs(320)
+        whole = row_invariant.pack(weight, bias, bf16=bf16, amx_order=True)
+        apart = row_invariant.pack(weight[:, :first_inputs], bias, bf16=bf16, amx_order=True)
+        assert whole.splits_at(first_inputs)
+        first = whole.first_inputs(first_inputs)
         assert first.panels.data_ptr() == whole.panels.data_ptr()  # a view: no second copy
-        for rows in (1, 3, 16, 20):
+        for rows in (1, 3, 16, 20, 40):  # 40: past the streamed tiles
             assert torch.equal(first(x[:rows]), apart(x[:rows])), rows
+        with pytest.raises(ValueError, match="inputs"):
+            whole.first_inputs(inputs + 1)
         if whole.panels.shape[2] != row_invariant.PANEL:  # AMX tile order splits at 32 inputs
             assert not whole.splits_at(300)
             with pytest.raises(ValueError, match="multiples of 32"):
