@@ -24,6 +24,7 @@ from eval.options import (
     close_peers,
     command_line,
     eval_options,
+    kv_cache_label,
     linear_products,
     requested_methods,
     run_meta,
@@ -99,7 +100,11 @@ def run(args: argparse.Namespace) -> int:
         summaries[configuration] = run_configuration(
             args, cases, root, folder, configuration, run_methods, notes if main else [], main
         )
-    machine = {**machine_meta(), "products": linear_products(main_config)}
+    machine = {
+        **machine_meta(),
+        "products": linear_products(main_config),
+        "kv_cache": summaries[configurations[0]]["kv_cache"],
+    }
     text = bench_markdown(summaries, configurations[0], len(cases), root, command_line(), machine)
     (folder / "bench.md").write_text(text)
     print(text)
@@ -134,6 +139,7 @@ def run_configuration(
     meta = run_meta(args, config, methods, f"bench {name}", root, notes, peers=with_peers)
     prepare_folder(folder / name, meta, args.resume)
     engine = build_engine(config, not args.quiet)
+    meta["kv_cache"] = kv_cache_label(engine)  # the report's, not a setting a resume must match
     peers = build_peers(config, not args.quiet, SPEED_PEERS, args.vllm_python) if with_peers else None
     runner = CaseRunner(engine, eval_options(args), methods, score_repo, peers, args.repeats)
     try:
@@ -142,9 +148,11 @@ def run_configuration(
         close_peers(peers)
     write_report(folder / name, rows, meta, plots=main and not args.no_plots)
     del engine, peers, runner
+    summary = summarize(rows)
+    summary["kv_cache"] = meta["kv_cache"]  # for bench.md's line on the main configuration
     gc.unfreeze()  # settle_heap froze the loaded engine: let its cycles be collected too
     gc.collect()  # free this configuration's model before the next one loads
-    return summarize(rows)
+    return summary
 
 
 def bench_markdown(

@@ -23,6 +23,7 @@ from eval.options import (
     build_peers,
     close_peers,
     eval_options,
+    kv_cache_label,
     requested_methods,
     requested_variants,
     run_meta,
@@ -110,6 +111,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     prepare_folder(folder, meta, args.resume)
     say(f"{len(cases)} cases, methods {', '.join(methods)}; results in {folder}")
     engine = build_engine(config, progress)
+    meta["kv_cache"] = kv_cache_label(engine)  # the report's, not a setting a resume must match
     peers = None if args.no_peers else build_peers(config, progress, vllm=args.vllm_python)
     variants = {name: OPTION_VARIANTS[name] for name in requested_variants(args)}
     runner = CaseRunner(engine, eval_options(args), methods, score, peers, args.repeats, variants)

@@ -219,6 +219,11 @@ def linear_products(config: EngineConfig) -> str:
     return row_invariant.numerics()
 
 
+def kv_cache_label(engine) -> str:
+    """The dtype the target's KV cache keeps, e.g. "bfloat16" (the bf16 numerics' cache) or "float32"."""
+    return str(engine.target_runner.cache.keys.dtype).removeprefix("torch.")
+
+
 def say(message: str) -> None:
     print(f"spec-complete: {message}", file=sys.stderr, flush=True)
 

@@ -215,9 +215,11 @@ def _prefill_speed(rows: list[dict]) -> float | None:
 
 
 def products_note(meta: dict) -> str:
-    """The Linears' numerics where the row-invariant kernel multiplied, e.g. ", Linears bf16dot"; else ""."""
+    """The Linears' numerics where the row-invariant kernel multiplied and the KV cache's dtype, e.g.
+    ", Linears bf16dot, KV cache bfloat16"; "" for neither."""
     products = meta.get("products")
-    return f", Linears {products}" if products and products != "torch" else ""
+    note = f", Linears {products}" if products and products != "torch" else ""
+    return note + (f", KV cache {meta['kv_cache']}" if meta.get("kv_cache") else "")
 
 
 def markdown(summary: dict, meta: dict) -> str:

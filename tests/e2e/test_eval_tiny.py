@@ -102,6 +102,7 @@ def test_bench_reports_methods_modes_and_dtypes(package, tmp_path):
     for peer in ("hf_plain", "hf_prompt_lookup", "hf_fp32_plain"):  # the speed table, same run
         assert f"| {peer} |" in text
     assert "prefill tok/s" in text and "edit TTFT s" in text
+    assert ", KV cache " in text  # the main configuration's line says what its KV cache keeps
     for mode, dtype in [
         ("exact", "bfloat16"),
         ("inexact", "bfloat16"),

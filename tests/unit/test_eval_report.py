@@ -127,6 +127,8 @@ def test_the_header_names_the_kernels_numerics_where_it_multiplied(rows):
     assert "dtype float32, Linears bf16dot;" in markdown(summarize(rows), {**meta, "products": "bf16dot"})
     for products in ("torch", None):  # torch's own Linears, or a run recorded before the field
         assert "dtype float32;" in markdown(summarize(rows), {**meta, "products": products})
+    with_cache = {**meta, "products": "bf16dot", "kv_cache": "bfloat16"}
+    assert "dtype float32, Linears bf16dot, KV cache bfloat16;" in markdown(summarize(rows), with_cache)
 
 
 def test_the_output_tokens_are_traced_to_their_origins(rows):

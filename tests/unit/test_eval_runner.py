@@ -155,3 +155,10 @@ def test_runs_record_how_the_linears_multiply():
     on_kernel = row_invariant.usable(torch.float32, torch.device("cpu"))
     expected = row_invariant.numerics() if on_kernel else "torch"
     assert linear_products(EngineConfig(target="t", dtype="float32", device="cpu")) == expected
+
+
+def test_runs_record_the_kv_caches_dtype(engine):
+    from eval.options import kv_cache_label
+
+    assert kv_cache_label(engine) == str(engine.target_runner.cache.keys.dtype).removeprefix("torch.")
+    assert kv_cache_label(engine) in ("float32", "bfloat16", "float16")
