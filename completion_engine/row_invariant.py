@@ -502,19 +502,22 @@ class PackedLinear:
         no second stream of those weights): the same products over the same k blocks, so the same
         bits as those columns packed apart into panels of the same dtype. In AMX tile order
         in_features must be a multiple of AMX_K."""
-        inputs = self.panels.shape[1] * (AMX_K if self.panels.shape[2] != PANEL else 1)
+        per_step = AMX_K if self.amx_order else 1  # inputs per step of the panels' dim 1
+        inputs = self.panels.shape[1] * per_step
         if not 0 < in_features <= inputs:
             raise ValueError(f"first_inputs: {in_features} of a weight's {inputs} inputs")
         if not self.splits_at(in_features):
             raise ValueError(f"AMX-ordered panels split at multiples of {AMX_K} inputs, not {in_features}")
-        amx_order = self.panels.shape[2] != PANEL
-        return PackedLinear(
-            self.panels[:, : in_features // AMX_K if amx_order else in_features], self.out_features, self.bias
-        )
+        return PackedLinear(self.panels[:, : in_features // per_step], self.out_features, self.bias)
 
     def splits_at(self, in_features: int) -> bool:
         """Whether first_inputs(in_features) can view these panels (plain panels: any k)."""
-        return self.panels.shape[2] == PANEL or in_features % AMX_K == 0
+        return not self.amx_order or in_features % AMX_K == 0
+
+    @property
+    def amx_order(self) -> bool:
+        """Whether the panels are in AMX tile order (pack_amx's [P, K / AMX_K, 1024])."""
+        return self.panels.shape[2] != PANEL
 
 
 def is_bf16_valued(weight: torch.Tensor) -> bool:

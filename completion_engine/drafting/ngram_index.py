@@ -59,8 +59,7 @@ def ngram_key(tokens: np.ndarray) -> np.uint64:
 def extend_backwards(sequence: np.ndarray, ends: np.ndarray, tail: np.ndarray, max_n: int) -> np.ndarray:
     """For each candidate end index: how many tokens up to it (at most max_n) equal the tail's last ones.
 
-    One pass over a [candidates, max_n] block: a handful of numpy calls whatever the match lengths
-    (a loop over the lengths cost five calls a token, most of a step's lookup).
+    One pass over a [candidates, max_n] block: a fixed handful of numpy calls, whatever the match lengths.
 
     >>> extend_backwards(np.array([1, 2, 3, 9, 2, 3, 7, 2, 3]), np.array([2, 5, 1]), np.array([2, 3]), 4)
     array([2, 2, 0])
