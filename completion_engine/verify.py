@@ -19,14 +19,18 @@ from completion_engine.sampling import Sampler
 
 
 def greedy_choices(logits: torch.Tensor) -> list[int]:
-    """Each row's argmax (the first index of its largest logit): plain decoding's and verification's choice.
+    """Each row's argmax (the first index of its largest logit; a NaN counts as largest, as in torch):
+    plain decoding's and verification's choice.
 
-    `max` over the last dim finds the same index as `argmax` (both document the first maximal value)
-    at a third of the time on the CPU: argmax runs scalar, about 60 us a 49k-token row a thread.
+    On the CPU numpy's argmax finds the same index (first maximal value, first NaN) at a tenth of
+    torch's time: its SIMD loop takes ~4 us a 49k-token float32 row, torch's `max` over the last dim
+    ~45 us and its `argmax`, which runs scalar, ~60 us. Elsewhere (a GPU) torch's `max`.
 
     >>> greedy_choices(torch.tensor([[0.0, 2.0, 2.0], [3.0, 1.0, 3.0]]))
     [1, 0]
     """
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.numpy().argmax(axis=-1).tolist()
     return logits.max(dim=-1).indices.tolist()
 
 

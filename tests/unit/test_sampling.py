@@ -83,6 +83,19 @@ def test_greedy_choices_are_argmax_even_with_ties_and_masked_tokens():
     logits[5] = float("-inf")
     logits[5, 299] = 0.0
     assert greedy_choices(logits) == logits.argmax(dim=-1).tolist()
+    assert greedy_choices(logits.double()) == logits.argmax(dim=-1).tolist()  # torch's path
+
+
+def test_greedy_choices_take_the_first_nan_as_torch_does():
+    logits = torch.zeros(4, 50)
+    logits[0, 7] = logits[0, 9] = float("nan")
+    logits[1, 3] = float("inf")
+    logits[1, 4] = float("nan")
+    logits[2, :] = float("-inf")
+    logits[3, 10] = logits[3, 40] = 1.0
+    expected = [7, 4, 0, 10]
+    assert torch.max(logits, dim=-1).indices.tolist() == expected
+    assert greedy_choices(logits) == expected
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
