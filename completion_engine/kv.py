@@ -121,7 +121,10 @@ class KVCache:
     def gather(self, start: int, positions: Sequence[int]) -> None:
         """Every layer's keys and values at `positions` copied to start, start + 1, ... (one copy each).
 
-        The sources are read before anything is written, so they may overlap the targets.
+        positions rise and none lies before its target (a tree's kept path moving up to where plain
+        decoding keeps it), so copying them in order reads each source before anything overwrites
+        it. One slice copy a position and a tensor: ~15 us each, where advanced indexing took ~55 us
+        for one position and ~100 for two.
         """
         if not positions:
             return
@@ -129,18 +132,22 @@ class KVCache:
             raise ValueError(
                 f"KV cache full: {start + len(positions)} positions needed, capacity {self.capacity}"
             )
-        device = self.keys.device
-        source = torch.tensor(positions, dtype=torch.long, device=device)
-        target = torch.arange(start, start + len(positions), dtype=torch.long, device=device)
-        if not self.panels:
-            self.keys[:, :, target] = self.keys[:, :, source]
-            self.values[:, :, target] = self.values[:, :, source]
-            return
-        # keys: a position is (panel, column) in dims 2 and 4; values: the position is dim 3
-        self.keys[:, :, target // PANEL, :, target % PANEL] = self.keys[
-            :, :, source // PANEL, :, source % PANEL
-        ]
-        self.values[:, :, :, target] = self.values[:, :, :, source]
+        if any(source < start + i for i, source in enumerate(positions)) or any(
+            later <= earlier for earlier, later in zip(positions, positions[1:], strict=False)
+        ):
+            raise ValueError(f"gather moves rising positions up to {start}..: got {list(positions)}")
+        for target, source in enumerate(positions, start=start):
+            if target == source:
+                continue
+            if not self.panels:
+                self.keys[:, :, target] = self.keys[:, :, source]
+                self.values[:, :, target] = self.values[:, :, source]
+                continue
+            # keys: a position is (panel, column) in dims 2 and 4; values: the position is dim 3
+            self.keys[:, :, target // PANEL, :, target % PANEL] = self.keys[
+                :, :, source // PANEL, :, source % PANEL
+            ]
+            self.values[:, :, :, target] = self.values[:, :, :, source]
 
     def append_tokens(self, tokens: Sequence[int], row_bucket: int) -> None:
         self.token_ids.extend(tokens)

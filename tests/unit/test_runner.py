@@ -424,6 +424,10 @@ def test_gathering_positions_moves_every_layers_keys_and_values(panels):
     assert torch.equal(cache.keys, expected.keys) and torch.equal(cache.values, expected.values)
     with pytest.raises(ValueError, match="KV cache full"):
         cache.gather(126, sources)
+    with pytest.raises(ValueError, match="rising positions"):
+        cache.gather(30, [29, 40])  # a source before its target
+    with pytest.raises(ValueError, match="rising positions"):
+        cache.gather(30, [45, 40])
 
 
 def test_a_tree_needs_parents_before_children():
