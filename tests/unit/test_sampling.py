@@ -98,6 +98,23 @@ def test_greedy_choices_take_the_first_nan_as_torch_does():
     assert greedy_choices(logits) == expected
 
 
+def test_greedy_choices_agree_with_torch_on_vocabulary_sized_rows_and_views():
+    generator = torch.Generator().manual_seed(11)
+    logits = torch.randn(6, 49_157, generator=generator)  # past the last whole SIMD block: a tail
+    logits[0, 40_000] = float("nan")  # far into the row
+    logits[1, 49_156] = float("nan")  # in the tail
+    logits[2, 10] = logits[2, 30_000] = 50.0  # a tie, far apart
+    logits[3] = -1.0
+    logits[3, 5], logits[3, 9] = -0.0, 0.0  # -0.0 == +0.0: the first
+    logits[4, 3] = float("inf")
+    expected = torch.max(logits, dim=-1).indices.tolist()
+    assert expected[:5] == [40_000, 49_156, 10, 5, 3]
+    assert greedy_choices(logits) == expected
+    assert greedy_choices(logits[:, ::2]) == torch.max(logits[:, ::2], dim=-1).indices.tolist()  # strided
+    assert greedy_choices(logits[2].view(1, -1)) == [10]
+    assert greedy_choices(logits.clone().requires_grad_()) == expected
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     assert torch.allclose(top_p_filter(probs, 0.8), torch.tensor([0.625, 0.375, 0.0, 0.0]))
