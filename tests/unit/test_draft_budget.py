@@ -213,11 +213,13 @@ def test_the_engine_prices_the_staircase_it_timed_after_the_long_context(tiny_ta
         return 0.2, (0.0, 0.0, 3.0, 3.0, 3.0)
 
     monkeypatch.setattr(engine_module, "measure_row_shape", staircase)
+    # the short context's timing is pinned too: a real one above 0.2 (a busy host) flattens the slope
+    monkeypatch.setattr(engine_module, "measure_row_cost", lambda forward, rows: 0.1)
     built = CompletionEngine.__new__(CompletionEngine)
     CompletionEngine.__init__(built, EngineConfig(target="t", max_draft=4, max_context=1000), tiny_target)
     cost = built.budget.row_cost
     assert asked == [(5, 1000)]  # 1 to max_draft + 1 rows, after the long context
-    assert cost.long == 0.2 and cost.shape == (0.0, 0.0, 3.0, 3.0, 3.0)
+    assert (cost.short, cost.long, cost.shape) == (0.1, 0.2, (0.0, 0.0, 3.0, 3.0, 3.0))
     built.budget.at_context(1000)
     assert built.budget.rows_cost(2) == pytest.approx(1.0) and built.budget.rows_cost(3) == pytest.approx(1.6)
 
