@@ -21,7 +21,8 @@ from lsp_server.client import LspClient
 from tests.servers import TINY_REPLICAS, ws_server
 
 pytest.importorskip("ray.serve")
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# the Ray waits below (a 300 s start, scale-up and -down deadlines) exceed the suite-wide 300 s
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
 TOKEN = "autoscale-token-0123456789"
 BOUNDS = [

