@@ -19,14 +19,20 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import psutil
 
 from eval.vllm_worker import REPLY_MARK
 
 VLLM_METHODS = ("plain", "ngram", "suffix")
 WORKER = Path(__file__).with_name("vllm_worker.py")
 KV_CACHE_GIB = "1"  # per engine: a 135M model's 4k-token context needs far less than vLLM's default
+QUIET_SHARE = 0.1  # a worker is idle once it uses less than this share of a core ...
+QUIET_WINDOW_S = 0.1  # ... over this long
+QUIET_LIMIT_S = 5.0  # and no case waits longer than this for it
 
 
 class VllmUnavailable(RuntimeError):
@@ -95,11 +101,14 @@ class VllmPeers:
         request = json.dumps(
             {"context": list(context), "edit_context": list(edit_context), "new_tokens": max(new_tokens, 1)}
         )
-        replies = {}
+        replies, settled = {}, {}
         for method in VLLM_METHODS:
             self.workers[method].stdin.write(request + "\n")
             self.workers[method].stdin.flush()
             replies[method] = self._read(method)
+            # vLLM's worker busy-polls its message queue for a second after each request; on a
+            # 2-core host that spin would take a core from whatever runs next (the next method)
+            settled[method] = wait_until_quiet(lambda pid=self.workers[method].pid: tree_cpu_seconds(pid))
         plain = replies["plain"]
         plain_decode_s = max(plain["wall_s"] - plain["warm_ttft_s"], 0.0)
         rows = {}
@@ -114,6 +123,7 @@ class VllmPeers:
                 "ttft_s": round(reply["cold_ttft_s"], 4),
                 "edit_ttft_s": round(reply["edit_ttft_s"], 4),
                 "prefill_tokens_per_s": round(len(context) / reply["cold_ttft_s"], 1),
+                "settle_s": round(settled[method], 3),  # waited after it for its worker to go idle
             }
             if method == "plain":
                 row["equal_engine_none"] = tokens == list(engine_tokens[: len(tokens)])
@@ -133,3 +143,41 @@ class VllmPeers:
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """The CPU seconds (user and system) used so far by process `pid` and all its descendants alive."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue  # ended between the listing and now
+        total += times.user + times.system
+    return total
+
+
+def wait_until_quiet(
+    cpu_seconds: Callable[[], float],
+    share: float = QUIET_SHARE,
+    window_s: float = QUIET_WINDOW_S,
+    limit_s: float = QUIET_LIMIT_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Wait until cpu_seconds() grows by less than `share` of a core over one `window_s`, or until
+    `limit_s` have passed; return the seconds waited."""
+    started = clock()
+    used, at = cpu_seconds(), started
+    while at - started < limit_s:
+        sleep(window_s)
+        now_used, now = cpu_seconds(), clock()
+        if now_used - used < share * (now - at):
+            break
+        used, at = now_used, now
+    return clock() - started

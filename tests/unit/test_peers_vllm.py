@@ -1,0 +1,60 @@
+"""The vLLM peers' harness waits for a worker to go idle before the next method runs (no vLLM needed)."""
+
+import subprocess
+import sys
+
+from eval.peers_vllm import tree_cpu_seconds, wait_until_quiet
+
+
+class FakeHost:
+    """A clock that sleep() moves, and a process that burns a whole core until `busy_until`."""
+
+    def __init__(self, busy_until: float) -> None:
+        self.now, self.busy_until = 0.0, busy_until
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def cpu_seconds(self) -> float:
+        return min(self.now, self.busy_until)
+
+
+def test_it_waits_out_a_spin_and_returns_the_wait():
+    host = FakeHost(busy_until=1.0)  # vLLM's reader spins for a second after a request
+    waited = wait_until_quiet(host.cpu_seconds, window_s=0.1, clock=lambda: host.now, sleep=host.sleep)
+    assert 1.0 <= waited <= 1.1 + 1e-9  # the first whole idle window after the spin ends it
+
+
+def test_an_idle_process_costs_one_window_and_a_spinning_one_at_most_the_limit():
+    idle = FakeHost(busy_until=0.0)
+    assert wait_until_quiet(idle.cpu_seconds, window_s=0.1, clock=lambda: idle.now, sleep=idle.sleep) == 0.1
+    endless = FakeHost(busy_until=float("inf"))
+    waited = wait_until_quiet(
+        endless.cpu_seconds, window_s=0.1, limit_s=2.0, clock=lambda: endless.now, sleep=endless.sleep
+    )
+    assert 2.0 <= waited < 2.1 + 1e-9
+
+
+def test_a_process_trees_cpu_time_counts_its_children():
+    spin = "\n".join(
+        [
+            "import time",
+            "t = time.process_time()",
+            "while time.process_time() - t < 0.3: pass",
+            "print('done', flush=True)",
+            "input()",
+        ]
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout.readline() == "done\n"  # the grandchild has used 0.3 s of CPU
+        assert tree_cpu_seconds(parent.pid) >= 0.3
+    finally:
+        parent.stdin.close()
+        parent.wait(timeout=30)
+    assert tree_cpu_seconds(parent.pid) == 0.0  # a process that is gone has used nothing more
