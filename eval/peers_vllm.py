@@ -21,9 +21,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-
-import psutil
 
 from eval.vllm_worker import REPLY_MARK
 
@@ -31,8 +30,8 @@ VLLM_METHODS = ("plain", "ngram", "suffix")
 WORKER = Path(__file__).with_name("vllm_worker.py")
 KV_CACHE_GIB = "1"  # per engine: a 135M model's 4k-token context needs far less than vLLM's default
 QUIET_SHARE = 0.1  # a worker is idle once it uses less than this share of a core ...
-QUIET_WINDOW_S = 0.1  # ... over this long
-QUIET_LIMIT_S = 5.0  # and no case waits longer than this for it
+QUIET_WINDOW_S = 0.25  # ... over this long (CPU time is counted in 10 ms ticks)
+QUIET_LIMIT_S = 5.0  # and no worker's request waits longer than this for it
 
 
 class VllmUnavailable(RuntimeError):
@@ -108,7 +107,7 @@ class VllmPeers:
             replies[method] = self._read(method)
             # vLLM's worker busy-polls its message queue for a second after each request; on a
             # 2-core host that spin would take a core from whatever runs next (the next method)
-            settled[method] = wait_until_quiet(lambda pid=self.workers[method].pid: tree_cpu_seconds(pid))
+            settled[method] = wait_until_quiet(partial(tree_cpu_seconds, self.workers[method].pid))
         plain = replies["plain"]
         plain_decode_s = max(plain["wall_s"] - plain["warm_ttft_s"], 0.0)
         rows = {}
@@ -146,7 +145,10 @@ class VllmPeers:
 
 
 def tree_cpu_seconds(pid: int) -> float:
-    """The CPU seconds (user and system) used so far by process `pid` and all its descendants alive."""
+    """The CPU seconds (user and system) used so far by process `pid` and all its descendants alive
+    (a child that exits takes its seconds along: vLLM's processes live as long as the worker)."""
+    import psutil  # accelerate's dependency, declared in the eval extra
+
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]

@@ -23,7 +23,7 @@ from lsp_server.client import LspClient
 from tests.servers import TINY_REPLICAS, ws_server
 
 pytest.importorskip("ray.serve")
-# the Ray waits below (a 300 s start, scale-up and -down deadlines) exceed the suite-wide 300 s
+# the Ray waits below (a 300 s start, 120 s answers and replacements) exceed the suite-wide 300 s
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
 TOKEN = "replica-token-0123456789"

@@ -38,23 +38,20 @@ def test_an_idle_process_costs_one_window_and_a_spinning_one_at_most_the_limit()
 def test_a_process_trees_cpu_time_counts_its_children():
     spin = "\n".join(
         [
-            "import time",
+            "import sys, time",
             "t = time.process_time()",
             "while time.process_time() - t < 0.3: pass",
             "print('done', flush=True)",
-            "input()",
+            "sys.stdin.read()",
         ]
     )
-    parent = subprocess.Popen(
-        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert parent.stdout.readline() == "done\n"  # the grandchild has used 0.3 s of CPU
-        assert tree_cpu_seconds(parent.pid) >= 0.3
-    finally:
-        parent.stdin.close()
-        parent.wait(timeout=30)
+    launcher = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spin!r}])"
+    command = [sys.executable, "-c", launcher]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as parent:
+        try:
+            assert parent.stdout.readline() == "done\n"  # the grandchild has used 0.3 s of CPU
+            assert tree_cpu_seconds(parent.pid) >= 0.3
+        finally:
+            parent.stdin.close()  # the grandchild reads to the end of its input, then both exit
+            parent.wait(timeout=30)
     assert tree_cpu_seconds(parent.pid) == 0.0  # a process that is gone has used nothing more
