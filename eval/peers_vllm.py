@@ -17,10 +17,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from functools import partial
 from pathlib import Path
 
@@ -74,8 +76,15 @@ class VllmPeers:
                     "--dtype",
                     dtype,
                 ]
+                # a process group of its own: close() ends vLLM's engine processes with it, and a
+                # Ctrl-C reaches the benchmark alone, which then closes the workers
                 self.workers[method] = subprocess.Popen(
-                    command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+                    command,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                    start_new_session=True,
                 )
             for method in VLLM_METHODS:
                 self._read(method)  # {"ready": true}
@@ -137,11 +146,12 @@ class VllmPeers:
             if worker.stdin:
                 worker.stdin.close()
         for worker in self.workers.values():
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 worker.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+            # whatever of its group is left (vLLM's engine core and worker outlive a killed parent)
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
 
 
 def tree_cpu_seconds(pid: int) -> float:

@@ -1,7 +1,9 @@
 """The vLLM peers' harness waits for a worker to go idle before the next method runs (no vLLM needed)."""
 
+import json
 import subprocess
 import sys
+import time
 
 from eval.peers_vllm import tree_cpu_seconds, wait_until_quiet
 
@@ -55,3 +57,42 @@ def test_a_process_trees_cpu_time_counts_its_children():
             parent.stdin.close()  # the grandchild reads to the end of its input, then both exit
             parent.wait(timeout=30)
     assert tree_cpu_seconds(parent.pid) == 0.0  # a process that is gone has used nothing more
+
+
+FAKE_WORKER = """
+import json, subprocess, sys, time
+stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as vLLM's engine core
+print("@spec-complete-vllm", json.dumps({"ready": True, "stray": stray.pid}), flush=True)
+sys.stdin.read()  # until the benchmark closes it; then exit, leaving the stray behind
+"""
+
+
+def test_closing_the_peers_ends_what_their_workers_started(tmp_path, monkeypatch):
+    import psutil
+
+    from eval import peers_vllm
+
+    worker = tmp_path / "fake_worker.py"
+    worker.write_text(FAKE_WORKER)
+    monkeypatch.setattr(peers_vllm, "WORKER", worker)
+    monkeypatch.setattr(peers_vllm.VllmPeers, "_read", lambda self, method: None)  # ready replies read below
+    peers = peers_vllm.VllmPeers(sys.executable, tmp_path)
+    strays = []
+    for process in peers.workers.values():
+        line = process.stdout.readline()
+        strays.append(psutil.Process(json.loads(line.split(" ", 1)[1])["stray"]))
+    peers.close()
+    alive, deadline = strays, time.monotonic() + 30
+    while alive and time.monotonic() < deadline:  # ended: gone, or a zombie for init to reap
+        _, alive = psutil.wait_procs(alive, timeout=0.2)
+        alive = [process for process in alive if not ended(process)]
+    assert not alive, f"left running: {alive}"
+
+
+def ended(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
