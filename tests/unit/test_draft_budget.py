@@ -224,6 +224,31 @@ def test_the_engine_prices_the_staircase_it_timed_after_the_long_context(tiny_ta
     assert built.budget.rows_cost(2) == pytest.approx(1.0) and built.budget.rows_cost(3) == pytest.approx(1.6)
 
 
+def test_rows_timed_free_where_fewer_rows_run_fewer_get_a_price_steps_correct(tiny_target, monkeypatch):
+    """Disturbed timings can make a verify row look free; a price of 0 would stay 0 (the steps
+    correct a price by a factor), so where forwards of fewer rows run fewer rows it is UNTIMED_ROW."""
+    from completion_engine import engine as engine_module
+    from completion_engine.config import EngineConfig
+    from completion_engine.engine import PROBE_CONTEXT, UNTIMED_ROW, CompletionEngine
+    from completion_engine.runner import DECODE_ROWS
+
+    monkeypatch.setattr(engine_module, "measure_row_cost", lambda forward, rows: -0.02)
+    monkeypatch.setattr(engine_module, "measure_row_shape", lambda forward, rows: (0.0, ()))
+    engine = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=1000), tiny_target)
+    runner = engine.target_runner
+    runner.decode_buckets = tuple(range(1, DECODE_ROWS + 1))  # a forward runs the rows it is given
+    assert engine._time_row_cost(5) == RowCost(UNTIMED_ROW)
+    learning = DraftBudget(RowCost(UNTIMED_ROW), learn=True)
+    for _ in range(200):  # a 10 ms step, 8 ms more for 5 rows: a row costs 0.2 of a step
+        learning.at_context(1000)
+        learning.observe_step(1, 0.010)
+        learning.observe_step(5, 0.018)
+    learning.at_context(1000)
+    assert 0.15 < learning.ratio <= 0.2  # from 0.05 most of the way (the prior holds a little back)
+    runner.decode_buckets = (DECODE_ROWS,)  # every forward in full rows (AMX, a GPU): rows are free
+    assert engine._time_row_cost(5) == RowCost(-0.02, 0.0, PROBE_CONTEXT, 1000, ())
+
+
 def test_an_exploring_model_step_keeps_the_rate_of_no_draft():
     hopeless = learned_model(DraftBudget(0.1, 0.2), accepted_share=0.0)
     sizes = [hopeless.plan(10) for _ in range(EXPLORE)]
