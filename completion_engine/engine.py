@@ -43,10 +43,10 @@ GENERATION_ROOM = 512  # cache positions kept free beyond max_context for genera
 PROBE_CONTEXT = 256  # tokens before the forwards that time a step (and, with PROBE_LONG, a verify row)
 PROBE_LONG = 2048  # at most this many before the second timing of a verify row (its prefill is paid at load)
 PROBE_SPAN = 512  # fewer tokens between the two timings: one timing, one price (noise would set the slope)
-# the price of a verify row where forwards of fewer rows run fewer rows, yet the load timed rows free:
-# timings another process disturbed (a price of 0 would stay 0, the decode steps' timings correct a
-# price by a factor); the steps' timings correct this one (the embedded model timed 0.11-0.20 on two
-# AVX2 cores, 0.016-0.037 with AMX)
+# the price of a verify row where rows cost time (DecoderRunner.rows_cost_time), yet the load timed
+# them free: timings another process disturbed (a price of 0 would stay 0, the decode steps' timings
+# correct a price by a factor); the steps' timings correct this one (the embedded model timed
+# 0.11-0.20 on two AVX2 cores, 0.016-0.037 with AMX), though as one price at every context length
 UNTIMED_ROW = 0.05
 # Earlier completions stay in the n-gram corpus (EngineConfig.kept_outputs of them), each with the
 # context tokens just before it, so a request superseded while the user types through it, or asked
@@ -190,10 +190,15 @@ class CompletionEngine:
             ratio, shape = measure_row_shape(lambda n: self._probe_forward(n, long_len), rows)
             cost = RowCost(short, ratio, short_len, long_len, shape)
         runner.truncate(0)
-        if cost.at(long_len) <= 0.0 and len(runner.decode_buckets) > 1:
+        if cost.at(long_len) <= 0.0 and runner.rows_cost_time(rows):
             logger.warning(
-                "verify rows timed free where fewer rows run fewer rows (timings disturbed by other "
-                "work?): a row priced at %.2f of a step until the decode steps' timings correct it",
+                "verify rows timed free (%.3f after %d tokens, %.3f after %d) where rows cost time "
+                "(timings disturbed by other work?): a row priced at %.2f of a step until the decode "
+                "steps' timings correct it",
+                cost.short,
+                short_len,
+                cost.long,
+                long_len,
                 UNTIMED_ROW,
             )
             return RowCost(UNTIMED_ROW)

@@ -479,6 +479,15 @@ class DecoderRunner:
             self.features_valid[start : start + len(path)] = True
         self.cache.append_tokens([tokens[node] for node in path], self._bucket_class(DECODE_ROWS))
 
+    def rows_cost_time(self, rows: int) -> bool:
+        """Whether a forward of `rows` tokens costs more than one of 1 token for certain: on the CPU,
+        where the two run different rows (exact: different decode buckets; fast: a chain runs its
+        own rows). Where both run DECODE_ROWS rows (AMX, a GPU) they cost the same, and on a GPU a
+        few more rows cost nothing measurable."""
+        if self.device.type != "cpu":
+            return False
+        return not self.exact or self._decode_rows(1) < self._decode_rows(rows)
+
     def _decode_rows(self, n: int) -> int:
         """The rows of the decode forward that holds n tokens: the smallest bucket that fits them."""
         return next(rows for rows in self.decode_buckets if rows >= n)

@@ -24,8 +24,8 @@ A timing more than CLIP times off the fit (another process took the core, a garb
 as CLIP times the prediction, once FIT_AFTER steps gave the fit something to go on.
 
 Limits: a load-time price of 0 (no row cost measurable: a GPU, AMX, where every forward has the same
-rows) stays 0, since every f is 0 (where forwards of fewer rows run fewer rows, the engine prices a
-timed 0, which only disturbed timings give, at engine.UNTIMED_ROW instead);
+rows) stays 0, since every f is 0 (where rows cost time, DecoderRunner.rows_cost_time, the engine
+prices a timed 0, which only disturbed timings give, at engine.UNTIMED_ROW instead);
 u is one number for every context length, so a run of long requests after short ones is partly read
 as dearer rows (the load-time price's own slope in the context carries most of that); a proposal's
 fixed work (the draft's catch-up with the accepted tokens, the n-gram look-up before it) is priced

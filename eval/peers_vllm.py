@@ -142,16 +142,20 @@ class VllmPeers:
         return rows
 
     def close(self) -> None:
-        for worker in self.workers.values():
-            if worker.stdin:
-                worker.stdin.close()
-        for worker in self.workers.values():
-            with suppress(subprocess.TimeoutExpired):
-                worker.wait(timeout=60)
-            # whatever of its group is left (vLLM's engine core and worker outlive a killed parent)
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
+        try:
+            for worker in self.workers.values():
+                if worker.stdin:
+                    worker.stdin.close()
+            for worker in self.workers.values():
+                with suppress(subprocess.TimeoutExpired):
+                    worker.wait(timeout=60)
+        finally:
+            # whatever is left of each group: vLLM's engine core and worker outlive a killed parent,
+            # and a second Ctrl-C may cut the wait short (no terminal signal reaches the groups)
+            for worker in self.workers.values():
+                with suppress(ProcessLookupError, PermissionError):
+                    os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait()
 
 
 def tree_cpu_seconds(pid: int) -> float:

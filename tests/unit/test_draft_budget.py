@@ -233,7 +233,7 @@ def test_rows_timed_free_where_fewer_rows_run_fewer_get_a_price_steps_correct(ti
     from completion_engine.runner import DECODE_ROWS
 
     monkeypatch.setattr(engine_module, "measure_row_cost", lambda forward, rows: -0.02)
-    monkeypatch.setattr(engine_module, "measure_row_shape", lambda forward, rows: (0.0, ()))
+    monkeypatch.setattr(engine_module, "measure_row_shape", lambda forward, rows: (-0.01, ()))
     engine = CompletionEngine(EngineConfig(target="t", max_draft=4, max_context=1000), tiny_target)
     runner = engine.target_runner
     runner.decode_buckets = tuple(range(1, DECODE_ROWS + 1))  # a forward runs the rows it is given
@@ -246,7 +246,9 @@ def test_rows_timed_free_where_fewer_rows_run_fewer_get_a_price_steps_correct(ti
     learning.at_context(1000)
     assert 0.15 < learning.ratio <= 0.2  # from 0.05 most of the way (the prior holds a little back)
     runner.decode_buckets = (DECODE_ROWS,)  # every forward in full rows (AMX, a GPU): rows are free
-    assert engine._time_row_cost(5) == RowCost(-0.02, 0.0, PROBE_CONTEXT, 1000, ())
+    assert engine._time_row_cost(5) == RowCost(-0.02, -0.01, PROBE_CONTEXT, 1000, ())
+    runner.decode_buckets = (8, DECODE_ROWS)  # 1 to 5 tokens all run 8 rows: free as well
+    assert engine._time_row_cost(5).at(1000) == 0.0
 
 
 def test_an_exploring_model_step_keeps_the_rate_of_no_draft():
