@@ -75,9 +75,12 @@ class VllmPeers:
                     str(k),
                     "--dtype",
                     dtype,
+                    "--parent-pid",
+                    str(os.getpid()),
                 ]
-                # a process group of its own: close() ends vLLM's engine processes with it, and a
-                # Ctrl-C reaches the benchmark alone, which then closes the workers
+                # a process group of its own: close() ends vLLM's engine processes with it, a Ctrl-C
+                # reaches the benchmark alone, which then closes the workers, and a worker ends its
+                # group itself once this process is gone (killed without running close())
                 self.workers[method] = subprocess.Popen(
                     command,
                     stdin=subprocess.PIPE,

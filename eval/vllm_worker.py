@@ -17,10 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 
 REPLY_MARK = "@spec-complete-vllm"
+PARENT_POLL_S = 1.0  # how often a busy worker looks whether the benchmark that started it is still there
+GONE_WAIT_S = 1.0  # how long a worker whose input ended waits to see whether the benchmark died
 
 
 def build_llm(model: str, method: str, k: int, max_model_len: int, dtype: str = "bfloat16"):
@@ -50,27 +57,85 @@ def timed_generate(llm, context: list[int], new_tokens: int) -> tuple[list[int],
     return list(output.outputs[0].token_ids), time.perf_counter() - started
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a local Hugging Face model folder")
     parser.add_argument("--method", default="plain", help="plain | ngram | suffix")
     parser.add_argument("--k", type=int, default=10, help="speculative tokens per step")
     parser.add_argument("--max-model-len", type=int, default=4608)
     parser.add_argument("--dtype", default="bfloat16", help="the engine's dtype: bfloat16 | float32")
-    args = parser.parse_args()
-    llm = build_llm(args.model, args.method, args.k, args.max_model_len, args.dtype)
-    reply({"ready": True})
-    for line in sys.stdin:
-        request = json.loads(line)
-        context, n = request["context"], max(int(request["new_tokens"]), 1)
-        _, cold = timed_generate(llm, context, 1)
-        _, edit = timed_generate(llm, request.get("edit_context") or context, 1)
-        _, warm = timed_generate(llm, context, 1)
-        tokens, wall = timed_generate(llm, context, n)
-        reply(
-            {"tokens": tokens, "cold_ttft_s": cold, "edit_ttft_s": edit, "warm_ttft_s": warm, "wall_s": wall}
-        )
+    parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="the benchmark's pid: the worker's process group ends when it is gone (peers_vllm passes it)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with group_ends_with(args.parent_pid):
+        llm = build_llm(args.model, args.method, args.k, args.max_model_len, args.dtype)
+        reply({"ready": True})
+        for line in sys.stdin:
+            request = json.loads(line)
+            context, n = request["context"], max(int(request["new_tokens"]), 1)
+            _, cold = timed_generate(llm, context, 1)
+            _, edit = timed_generate(llm, request.get("edit_context") or context, 1)
+            _, warm = timed_generate(llm, context, 1)
+            tokens, wall = timed_generate(llm, context, n)
+            timings = {"cold_ttft_s": cold, "edit_ttft_s": edit, "warm_ttft_s": warm, "wall_s": wall}
+            reply({"tokens": tokens, **timings})
     return 0
+
+
+@contextmanager
+def group_ends_with(parent: int | None, poll_s: float = PARENT_POLL_S) -> Iterator[None]:
+    """Where the worker leads a process group of its own (peers_vllm starts it so) and knows its
+    benchmark's pid, kill the group, vLLM's engine core and model worker included, once the
+    benchmark is gone: at the block's end (its input ended because the benchmark died) or, while the
+    block is busy (vLLM starting, a request), within `poll_s` (a watcher thread). While the benchmark
+    lives nothing changes: the worker exits as it would, and the benchmark's `close()` kills what is
+    left of the group. Else (run by hand, say) nothing is killed.
+
+    This covers a benchmark killed without running its `finally` (SIGKILL, or SIGTERM where Python
+    runs no handler). A killed group does not let vLLM's resource tracker remove its shared memory
+    (a sparse file in /dev/shm an engine); a worker closed by a live benchmark exits cleanly.
+    """
+    leads_group = parent is not None and os.getpgrp() == os.getpid()
+    if leads_group:
+
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(poll_s)
+            end_own_group()
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    try:
+        yield
+    finally:
+        if leads_group and parent_gone(parent):
+            with suppress(OSError):  # a pipe to a benchmark that is gone
+                sys.stdout.flush()
+                sys.stderr.flush()
+            end_own_group()
+
+
+def parent_gone(parent: int, wait_s: float = GONE_WAIT_S, poll_s: float = 0.02) -> bool:
+    """Whether this process's parent is no longer `parent`, waiting up to `wait_s` for it to go: a
+    dying process closes its pipes (our end of input) before its children are handed to another."""
+    deadline = time.monotonic() + wait_s
+    while os.getppid() == parent:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def end_own_group() -> None:
+    """Kill this process's group, itself included: whatever vLLM started goes with it."""
+    os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def reply(message: dict) -> None:

@@ -1,9 +1,14 @@
 """The vLLM peers' harness waits for a worker to go idle before the next method runs (no vLLM needed)."""
 
+import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from eval.peers_vllm import tree_cpu_seconds, wait_until_quiet
 
@@ -82,11 +87,7 @@ def test_closing_the_peers_ends_what_their_workers_started(tmp_path, monkeypatch
         line = process.stdout.readline()
         strays.append(psutil.Process(json.loads(line.split(" ", 1)[1])["stray"]))
     peers.close()
-    alive, deadline = strays, time.monotonic() + 30
-    while alive and time.monotonic() < deadline:  # ended: gone, or a zombie for init to reap
-        _, alive = psutil.wait_procs(alive, timeout=0.2)
-        alive = [process for process in alive if not ended(process)]
-    assert not alive, f"left running: {alive}"
+    assert not still_running([stray.pid for stray in strays])
 
 
 def ended(process) -> bool:
@@ -96,3 +97,113 @@ def ended(process) -> bool:
         return process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+# A worker as peers_vllm starts it (the real worker's arguments and its group_ends_with), whose engine
+# leaves a process behind, as vLLM's engine core would. WAITS: how it waits for requests.
+WATCHED_WORKER = """
+import json, os, subprocess, sys, time
+from eval.vllm_worker import REPLY_MARK, group_ends_with, parse_args
+args = parse_args()
+with group_ends_with(args.parent_pid, poll_s=0.05):
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(os.path.join(args.model, f"pids-{os.getpid()}.json"), "w") as pids:
+        json.dump([os.getpid(), stray.pid], pids)
+    print(REPLY_MARK, json.dumps({"ready": True}), flush=True)
+    WAITS
+"""
+
+# the benchmark: starts the peers, says so, and waits to be killed (SIGKILL: no `finally` runs)
+BENCHMARK = """
+import sys, time
+from pathlib import Path
+from eval import peers_vllm
+peers_vllm.WORKER = Path(sys.argv[1])
+peers = peers_vllm.VllmPeers(sys.executable, sys.argv[2])
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize(
+    "waits",
+    [
+        "sys.stdin.read()",  # reading its input: a killed benchmark's end of input ends the block
+        "time.sleep(600)",  # busy (vLLM starting, a request): the watcher sees the benchmark gone
+    ],
+)
+def test_a_killed_benchmark_leaves_no_vllm_processes(tmp_path, waits):
+    worker = tmp_path / "watched_worker.py"
+    worker.write_text(WATCHED_WORKER.replace("WAITS", waits))
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    command = [sys.executable, "-c", BENCHMARK, str(worker), str(tmp_path)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=repo) as benchmark:
+        try:
+            assert benchmark.stdout.readline() == "up\n"  # its three workers are ready
+        finally:
+            benchmark.kill()
+            benchmark.wait(timeout=30)
+    pids = [pid for path in tmp_path.glob("pids-*.json") for pid in json.loads(path.read_text())]
+    assert len(pids) == 6  # three workers and what each left behind
+    assert not still_running(pids)
+
+
+def still_running(pids: list[int], timeout_s: float = 30.0) -> list:
+    """The processes of `pids` that have not ended (gone, or a zombie for init to reap) after waiting
+    up to timeout_s; those are then killed, so that a failing test leaves nothing behind."""
+    import psutil
+
+    alive = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            alive.append(psutil.Process(pid))
+    deadline = time.monotonic() + timeout_s
+    while alive and time.monotonic() < deadline:
+        _, alive = psutil.wait_procs(alive, timeout=0.2)
+        alive = [process for process in alive if not ended(process)]
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    return alive
+
+
+def test_a_worker_closed_by_a_live_benchmark_exits_as_it_would(tmp_path, monkeypatch):
+    """No kill while the benchmark lives: vLLM exits cleanly (its resource tracker then removes its
+    shared memory), and close() ends what is left."""
+    from eval import peers_vllm
+
+    worker = tmp_path / "watched_worker.py"
+    worker.write_text(WATCHED_WORKER.replace("WAITS", "sys.stdin.read()"))
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("PYTHONPATH", str(repo))
+    monkeypatch.setattr(peers_vllm, "WORKER", worker)
+    peers = peers_vllm.VllmPeers(sys.executable, tmp_path)
+    peers.close()
+    assert [process.returncode for process in peers.workers.values()] == [0, 0, 0]
+    strays = [json.loads(path.read_text())[1] for path in tmp_path.glob("pids-*.json")]
+    assert len(strays) == 3
+    assert not still_running(strays)
+
+
+def test_a_worker_run_by_hand_kills_no_group(tmp_path):
+    """Outside a group of its own (a shell's, say), group_ends_with leaves the group alone."""
+    script = "\n".join(
+        [
+            "import os",
+            "from eval.vllm_worker import group_ends_with",
+            "with group_ends_with(os.getppid(), poll_s=0.05):",
+            "    pass",
+            "print('still here', flush=True)",
+        ]
+    )
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+    )
+    assert done.returncode == 0 and done.stdout == "still here\n"
