@@ -94,14 +94,15 @@ def main(argv: list[str] | None = None) -> int:
 def group_ends_with(parent: int | None, poll_s: float = PARENT_POLL_S) -> Iterator[None]:
     """Where the worker leads a process group of its own (peers_vllm starts it so) and knows its
     benchmark's pid, kill the group, vLLM's engine core and model worker included, once the
-    benchmark is gone: at the block's end (its input ended because the benchmark died) or, while the
-    block is busy (vLLM starting, a request), within `poll_s` (a watcher thread). While the benchmark
-    lives nothing changes: the worker exits as it would, and the benchmark's `close()` kills what is
-    left of the group. Else (run by hand, say) nothing is killed.
+    benchmark is gone: at the block's end (its input ended because the benchmark died) or at any
+    moment before, busy or not, within `poll_s` (a watcher thread, from the block's start to the
+    process's end). While the benchmark lives nothing changes: the worker exits as it would, and
+    the benchmark's `close()` kills what is left of the group. Else (run by hand, say) nothing is
+    killed.
 
     This covers a benchmark killed without running its `finally` (SIGKILL, or SIGTERM where Python
     runs no handler). A killed group does not let vLLM's resource tracker remove its shared memory
-    (a sparse file in /dev/shm an engine); a worker closed by a live benchmark exits cleanly.
+    (two sparse files in /dev/shm an engine); a worker closed by a live benchmark exits cleanly.
     """
     leads_group = parent is not None and os.getpgrp() == os.getpid()
     if leads_group:
@@ -116,9 +117,9 @@ def group_ends_with(parent: int | None, poll_s: float = PARENT_POLL_S) -> Iterat
         yield
     finally:
         if leads_group and parent_gone(parent):
-            with suppress(OSError):  # a pipe to a benchmark that is gone
-                sys.stdout.flush()
-                sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                with suppress(OSError):  # a pipe to a benchmark that is gone
+                    stream.flush()
             end_own_group()
 
 

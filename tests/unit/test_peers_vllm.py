@@ -87,7 +87,7 @@ def test_closing_the_peers_ends_what_their_workers_started(tmp_path, monkeypatch
         line = process.stdout.readline()
         strays.append(psutil.Process(json.loads(line.split(" ", 1)[1])["stray"]))
     peers.close()
-    assert not still_running([stray.pid for stray in strays])
+    assert not still_running(strays)
 
 
 def ended(process) -> bool:
@@ -100,12 +100,13 @@ def ended(process) -> bool:
 
 
 # A worker as peers_vllm starts it (the real worker's arguments and its group_ends_with), whose engine
-# leaves a process behind, as vLLM's engine core would. WAITS: how it waits for requests.
+# leaves a process behind, as vLLM's engine core would. WAITS: how it waits for requests; POLL: how
+# often its watcher looks for the benchmark.
 WATCHED_WORKER = """
 import json, os, subprocess, sys, time
 from eval.vllm_worker import REPLY_MARK, group_ends_with, parse_args
 args = parse_args()
-with group_ends_with(args.parent_pid, poll_s=0.05):
+with group_ends_with(args.parent_pid, poll_s=POLL):
     stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     with open(os.path.join(args.model, f"pids-{os.getpid()}.json"), "w") as pids:
         json.dump([os.getpid(), stray.pid], pids)
@@ -124,41 +125,61 @@ print("up", flush=True)
 time.sleep(600)
 """
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def watched_worker(tmp_path: Path, waits: str, poll_s: float) -> Path:
+    worker = tmp_path / "watched_worker.py"
+    worker.write_text(WATCHED_WORKER.replace("WAITS", waits).replace("POLL", repr(poll_s)))
+    return worker
+
+
+def written_processes(tmp_path: Path) -> list:
+    """The processes whose pids the watched workers wrote (each: itself, then what it left behind),
+    taken before anything is killed (psutil then never mistakes a reused pid for one of them)."""
+    import psutil
+
+    processes = []
+    for path in tmp_path.glob("pids-*.json"):
+        for pid in json.loads(path.read_text()):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                processes.append(psutil.Process(pid))
+    return processes
+
 
 @pytest.mark.parametrize(
-    "waits",
+    "waits, poll_s",
     [
-        "sys.stdin.read()",  # reading its input: a killed benchmark's end of input ends the block
-        "time.sleep(600)",  # busy (vLLM starting, a request): the watcher sees the benchmark gone
+        # reading its input: a killed benchmark's end of input ends the block (the watcher would
+        # look only after 10 minutes)
+        ("sys.stdin.read()", 600.0),
+        # busy (vLLM starting, a request): only the watcher sees the benchmark gone
+        ("time.sleep(600)", 0.05),
     ],
 )
-def test_a_killed_benchmark_leaves_no_vllm_processes(tmp_path, waits):
-    worker = tmp_path / "watched_worker.py"
-    worker.write_text(WATCHED_WORKER.replace("WAITS", waits))
-    repo = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(repo))
+def test_a_killed_benchmark_leaves_no_vllm_processes(tmp_path, waits, poll_s):
+    worker = watched_worker(tmp_path, waits, poll_s)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     command = [sys.executable, "-c", BENCHMARK, str(worker), str(tmp_path)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=repo) as benchmark:
+    processes = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO) as benchmark:
         try:
             assert benchmark.stdout.readline() == "up\n"  # its three workers are ready
+            processes = written_processes(tmp_path)
         finally:
             benchmark.kill()
             benchmark.wait(timeout=30)
-    pids = [pid for path in tmp_path.glob("pids-*.json") for pid in json.loads(path.read_text())]
-    assert len(pids) == 6  # three workers and what each left behind
-    assert not still_running(pids)
+    left = still_running(processes)
+    assert len(processes) == 6  # three workers and what each left behind
+    assert not left
 
 
-def still_running(pids: list[int], timeout_s: float = 30.0) -> list:
-    """The processes of `pids` that have not ended (gone, or a zombie for init to reap) after waiting
-    up to timeout_s; those are then killed, so that a failing test leaves nothing behind."""
+def still_running(processes: list, timeout_s: float = 30.0) -> list:
+    """Those of `processes` (psutil's) that have not ended (gone, or a zombie for init to reap) after
+    waiting up to timeout_s; those are then killed, so that a failing test leaves nothing behind."""
     import psutil
 
-    alive = []
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            alive.append(psutil.Process(pid))
-    deadline = time.monotonic() + timeout_s
+    alive, deadline = list(processes), time.monotonic() + timeout_s
     while alive and time.monotonic() < deadline:
         _, alive = psutil.wait_procs(alive, timeout=0.2)
         alive = [process for process in alive if not ended(process)]
@@ -173,37 +194,46 @@ def test_a_worker_closed_by_a_live_benchmark_exits_as_it_would(tmp_path, monkeyp
     shared memory), and close() ends what is left."""
     from eval import peers_vllm
 
-    worker = tmp_path / "watched_worker.py"
-    worker.write_text(WATCHED_WORKER.replace("WAITS", "sys.stdin.read()"))
-    repo = Path(__file__).resolve().parents[2]
-    monkeypatch.setenv("PYTHONPATH", str(repo))
-    monkeypatch.setattr(peers_vllm, "WORKER", worker)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setattr(peers_vllm, "WORKER", watched_worker(tmp_path, "sys.stdin.read()", 0.05))
     peers = peers_vllm.VllmPeers(sys.executable, tmp_path)
+    strays = written_processes(tmp_path)[1::2]
     peers.close()
+    left = still_running(strays)
     assert [process.returncode for process in peers.workers.values()] == [0, 0, 0]
-    strays = [json.loads(path.read_text())[1] for path in tmp_path.glob("pids-*.json")]
     assert len(strays) == 3
-    assert not still_running(strays)
+    assert not left
 
 
-def test_a_worker_run_by_hand_kills_no_group(tmp_path):
-    """Outside a group of its own (a shell's, say), group_ends_with leaves the group alone."""
-    script = "\n".join(
-        [
-            "import os",
-            "from eval.vllm_worker import group_ends_with",
-            "with group_ends_with(os.getppid(), poll_s=0.05):",
-            "    pass",
-            "print('still here', flush=True)",
-        ]
-    )
-    repo = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        cwd=repo,
-        timeout=60,
-        env=dict(os.environ, PYTHONPATH=str(repo)),
-    )
-    assert done.returncode == 0 and done.stdout == "still here\n"
+# Run by hand: the worker is in its launcher's group, not a leader. The launcher passes its own pid
+# and exits, so the benchmark is gone when the worker's input ends.
+HAND_WORKER = """
+import sys
+from eval.vllm_worker import group_ends_with
+with group_ends_with(int(sys.argv[1]), poll_s=0.05):
+    sys.stdin.read()
+with open(sys.argv[2], "w") as out:
+    out.write("still here")
+"""
+LAUNCHER = """
+import os, subprocess, sys
+command = [sys.executable, "-c", sys.argv[1], str(os.getpid()), sys.argv[2]]
+print(subprocess.Popen(command, stdin=subprocess.PIPE).pid, flush=True)
+"""
+
+
+def test_a_worker_outside_a_group_of_its_own_kills_no_group(tmp_path):
+    """Its group is its launcher's (a shell's, say): nothing is killed, the worker included."""
+    import psutil
+
+    out = tmp_path / "out.txt"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    command = [sys.executable, "-c", LAUNCHER, HAND_WORKER, str(out)]
+    # the launcher leads a new group, so that a wrong kill would not reach pytest's
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO, start_new_session=True
+    ) as launcher:
+        worker = psutil.Process(int(launcher.stdout.readline()))
+        launcher.wait(timeout=30)  # gone: the worker's input ends and its parent is another
+    assert not still_running([worker])
+    assert out.read_text() == "still here"
