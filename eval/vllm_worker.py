@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -108,8 +109,7 @@ def group_ends_with(parent: int | None, poll_s: float = PARENT_POLL_S) -> Iterat
     if leads_group:
 
         def watch() -> None:
-            while os.getppid() == parent:
-                time.sleep(poll_s)
+            parent_gone(parent, wait_s=math.inf, poll_s=poll_s)
             end_own_group()
 
         threading.Thread(target=watch, name="parent-watch", daemon=True).start()
