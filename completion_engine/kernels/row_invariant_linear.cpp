@@ -49,10 +49,11 @@ constexpr int64_t kWeightAhead = 1024, kHalfWeightAhead = 2048;
 // weights from L1 and ask for the next block's instead, a whole block (128 x 32 weights) ahead: with
 // the first pass alone asking, memory sat idle while the later passes multiplied. The same chains
 // (only prefetches moved). Measured on 2 cores of an AMD EPYC with AVX2 (the 30 layers' Linears and
-// the LM head, the old and new builds alternating in one process, 24 rounds, mean of the fastest
-// quarter; two runs): two threads 4 rows 12.2 -> 11.1 and 11.6 -> 10.9 ms, 6 rows 13.5 -> 12.4 and
-// 13.4 -> 12.3, 8 rows 19.5 -> 18.4 and level, 11 and 16 rows level (compute); one thread 4 rows
-// 20.8 -> 18.9, 6 rows 23.2 -> 21.7, 8 rows 34.6 -> 33.0. 1-3 rows take no half-panel tiles.
+// the LM head, the old and new builds alternating in one process, 24 rounds on two threads and 10 on
+// one, mean of the fastest quarter; two runs on two threads): two threads 4 rows 12.2 -> 11.1 and
+// 11.6 -> 10.9 ms, 6 rows 13.5 -> 12.4 and 13.4 -> 12.3, 8 rows 19.5 -> 18.4 and level, 11 and 16
+// rows level (compute); one thread 4 rows 20.8 -> 18.9, 6 rows 23.2 -> 21.7, 8 rows 34.6 -> 33.0.
+// 1-3 rows take no half-panel tiles.
 constexpr int64_t kNextBlockAhead = kBlockK * kPanel;
 
 // Continue the chains of rows [0, R) x the panel's 32 columns over k in [k0, k1).
