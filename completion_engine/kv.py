@@ -12,8 +12,9 @@ With `panels`, keys and values are kept in the layout row_invariant's kernel mul
 attention scores (q @ keys.T) and outputs (probs @ values) run on it: keys in panels of PANEL
 positions, [layer, kv_head, capacity / PANEL, head_dim, PANEL]; values in panels of PANEL dims,
 [layer, kv_head, ceil(head_dim / PANEL), capacity, PANEL] (zero past head_dim). In float32, or in
-bfloat16 where the kernel's Linears multiply bf16 (row_invariant.cache_dtype): keys and values
-rounded as they are written, attention on AMX tiles or with vdpbf16ps, half the bytes a step reads.
+bfloat16 where the kernel's Linears have bf16 panels (row_invariant.cache_dtype): keys and values
+rounded as they are written, half the bytes a step reads; attention on AMX tiles, with vdpbf16ps,
+or (the float32 numerics) the fma chains over the widened values.
 """
 
 from __future__ import annotations

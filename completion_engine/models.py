@@ -62,9 +62,10 @@ def resolve_dtype(dtype: str, device: torch.device | None = None) -> torch.dtype
     session 20). On an AVX2-only CPU (AMD EPYC), one thread, a bf16 matmul is emulated: an exact
     decode step took 786 ms in bf16 at a 3k context, 108 ms in float32 at 2k. On AVX512-BF16 without
     AMX (AMD EPYC, Zen 4), two threads: a decode step 13.1 against 51.4 ms, a verify block of 11
-    tokens 39.8 against 93.9 ms, a prefill 640 against 600 tokens/s. The KV cache is float32 (twice
-    bf16's), and memory is float32's cost: the float32 weights plus their bf16 panels, about 3x the
-    bf16 weights; for a large target on a small machine pass --dtype bfloat16.
+    tokens 39.8 against 93.9 ms, a prefill 640 against 600 tokens/s. Memory is float32's cost: the
+    float32 weights plus their bf16 panels, about 3x the bf16 weights (the KV cache of a bf16
+    checkpoint is bf16 on the kernel: row_invariant.cache_dtype); for a large target on a small
+    machine pass --dtype bfloat16.
     """
     if dtype == "auto":
         if device is None or device.type != "cpu":

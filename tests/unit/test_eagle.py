@@ -413,7 +413,11 @@ def test_on_the_kernel_the_heads_linears_are_packed_and_compute_what_torch_does(
     weights = near_head(float32_target)
     with row_invariant.numerics_mode("float32"):  # built as it runs below (AMX-ordered panels refuse it)
         packed = EagleHead(weights, 256)
+        assert packed.keys.dtype == row_invariant.cache_dtype(True, weights.shape.head_dim) == torch.bfloat16
     assert all(isinstance(linear, row_invariant.PackedLinear) for linear in vars_of(packed.linears))
+    # the Linears against torch's: a float32 cache, as torch's head keeps (the kernel reads either; a
+    # bf16 cache's attention is test_row_invariant's)
+    packed.keys, packed.values = packed.keys.float(), packed.values.float()
 
     def bf16(m: torch.Tensor) -> torch.Tensor:  # the panels hold the Linears' weights in bf16
         return m.bfloat16().float()

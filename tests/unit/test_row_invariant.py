@@ -283,10 +283,11 @@ def filled_cache(kv_heads: int, head_dim: int, positions: int, seed: int, dtype:
     return cache, keys, values
 
 
-@pytest.fixture(params=["float32", "bfloat16-amx", "bfloat16-bf16dot"])
+@pytest.fixture(params=["float32", "bfloat16-float32", "bfloat16-amx", "bfloat16-bf16dot"])
 def cache_dtype(request) -> Iterator[torch.dtype]:
-    """The KV cache's dtype: float32 (attention's fma chains), or bfloat16 as the amx and bf16dot
-    numerics keep it (attention on AMX tiles, or with vdpbf16ps)."""
+    """The KV cache's dtype: float32 (attention's fma chains), or bfloat16 as a bf16 checkpoint's runner
+    keeps it: read by the fma chains, widened (the float32 numerics), or with bf16 products (the amx
+    and bf16dot numerics: AMX tiles, or vdpbf16ps)."""
     if request.param == "float32":
         yield torch.float32
         return
@@ -307,8 +308,8 @@ def test_attention_values_are_those_of_softmax_attention(kv_heads, group, head_d
     )
     assert torch.equal(few, got[3:8])  # a step's passes, as the chunked pass
     # AMX: q, keys, values and probabilities in bf16 (8 bits of mantissa): the float32 maths' values
-    # to about 1%; the keys and values are the cache's, rounded
-    bf16 = cache_dtype == torch.bfloat16
+    # to about 1%; the keys and values are the cache's, rounded (a bf16 cache's in the float32 numerics too)
+    bf16 = cache_dtype == torch.bfloat16 and row_invariant.numerics() != "float32"
     keys, values = keys.to(cache_dtype).float(), values.to(cache_dtype).float()
     for row, length in enumerate(lengths.tolist()):
         for head in range(kv_heads * group):
@@ -323,13 +324,32 @@ def test_attention_values_are_those_of_softmax_attention(kv_heads, group, head_d
             )
 
 
-def test_a_bf16_cache_outside_the_bf16_numerics_is_a_clear_error():
-    cache, _, _ = filled_cache(1, 64, 64, seed=4, dtype=torch.bfloat16)
+@pytest.mark.parametrize("head_dim", [64, 40, 63])
+def test_the_float32_numerics_read_a_bf16_cache_as_a_float32_one_holding_its_values(head_dim):
+    # each key and value widened exactly: the bits of a float32 cache of the rounded values, for a
+    # step, a verify block, a prefill block (the chunked pass) and a token tree
+    kv_heads, group, size = 3, 3, 700
+    cache16, keys, values = filled_cache(kv_heads, head_dim, size, seed=21, dtype=torch.bfloat16)
+    cache32, _, _ = filled_cache(kv_heads, head_dim, size, seed=21)
+    cache32.write(0, 0, keys.bfloat16().float(), values.bfloat16().float())
+    generator = torch.Generator().manual_seed(22)
+    scale = head_dim**-0.5
     with row_invariant.numerics_mode("float32"):
-        with pytest.raises(RuntimeError, match="bf16 dot numerics .* and they are off"):
-            row_invariant.attention(
-                torch.randn(1, 1, 64), cache.keys[0], cache.values[0], torch.tensor([9]), 0.125
+        for rows in (1, 2, 4, 8, 9, 16, 128):
+            q = torch.randn(rows, kv_heads * group, head_dim, generator=generator)
+            lengths = torch.arange(size - rows + 1, size + 1) - torch.randint(
+                0, 40, (rows,), generator=generator
             )
+            got = row_invariant.attention(q, cache16.keys[0], cache16.values[0], lengths, scale)
+            want = row_invariant.attention(q, cache32.keys[0], cache32.values[0], lengths, scale)
+            assert torch.equal(got, want), rows
+        parents, start = torch.tensor([-1, 0, 0, 1, 3, -1]), 600
+        q = torch.randn(6, kv_heads * group, head_dim, generator=generator)
+        lengths = torch.tensor([start + 1, start + 2, start + 2, start + 3, start + 4, start + 1])
+        tree = (parents, start)
+        got = row_invariant.attention(q, cache16.keys[0], cache16.values[0], lengths, scale, tree)
+        want = row_invariant.attention(q, cache32.keys[0], cache32.values[0], lengths, scale, tree)
+        assert torch.equal(got, want)
 
 
 def test_the_bf16dot_numerics_keep_a_bf16_cache_only_for_an_even_head_dim():
@@ -341,8 +361,10 @@ def test_the_bf16dot_numerics_keep_a_bf16_cache_only_for_an_even_head_dim():
         odd = torch.zeros(1, 2, 63, 32, dtype=torch.bfloat16), torch.zeros(1, 2, 64, 32, dtype=torch.bfloat16)
         with pytest.raises(RuntimeError, match="even head_dim"):
             row_invariant.attention(torch.randn(1, 1, 63), *odd, torch.tensor([9]), 0.125)
-    with numerics_or_skip("float32"):
-        assert row_invariant.cache_dtype(True, 64) == torch.float32
+    with numerics_or_skip("float32"):  # the fma chains read a bf16 cache widened, any head_dim
+        assert row_invariant.cache_dtype(True, 64) == torch.bfloat16
+        assert row_invariant.cache_dtype(True, 63) == torch.bfloat16
+        assert row_invariant.cache_dtype(False, 64) == torch.float32
 
 
 def test_the_amx_numerics_keep_a_bf16_cache_for_an_odd_head_dim_too():

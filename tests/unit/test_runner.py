@@ -476,12 +476,12 @@ def test_a_cancellable_fast_prefill_stops_within_a_block(tiny_target):
     assert computed == 600 - 2 * PREFILL_ROWS and logits.shape == (1, tiny_target.vocab_size)
 
 
-@pytest.mark.parametrize("numerics", ["amx", "bf16dot"])
-def test_a_runner_on_bf16_linears_keeps_a_bf16_cache_and_attends_in_bf16(
+@pytest.mark.parametrize("numerics", ["float32", "amx", "bf16dot"])
+def test_a_runner_on_bf16_linears_keeps_a_bf16_cache(
     tiny_target_fp32_bf16_valued, tiny_target_fp32, numerics
 ):
-    # so that every exactness test of the amx and bf16dot numerics above runs attention over a bf16
-    # cache too (on AMX tiles, or with vdpbf16ps)
+    # so that every exactness test of a bf16-valued model above runs attention over a bf16 cache too
+    # (the fma chains over its widened values; on AMX tiles, or with vdpbf16ps)
     def cache_dtype(model) -> torch.dtype:
         return DecoderRunner(
             model.weights, exact=True, capacity=64, row_invariant_kernel=True
@@ -490,8 +490,6 @@ def test_a_runner_on_bf16_linears_keeps_a_bf16_cache_and_attends_in_bf16(
     with numerics_or_skip(numerics):
         assert cache_dtype(tiny_target_fp32_bf16_valued) == torch.bfloat16
         assert cache_dtype(tiny_target_fp32) == torch.float32  # float32 panels: fma chains throughout
-    with numerics_or_skip("float32"):
-        assert cache_dtype(tiny_target_fp32_bf16_valued) == torch.float32
 
 
 def test_common_prefix_len_is_the_first_difference_for_lists_tuples_and_every_split():
