@@ -1530,7 +1530,11 @@ void dot_attention(const AttentionCall& a) {
 // EPYC with AVX2 (30 layers' attention at 2,000 keys, 9 heads over 3 kv heads, head_dim 64, a float32
 // cache and a bf16 one of the same values in one process, 12 interleaved rounds, mean of the fastest
 // 3, ms): rows 1 / 2 / 4 / 8 / 16 / 128: 3.97 / 4.28 / 6.48 / 11.9 / 19.2 / 126 against 2.10 / 3.07 /
-// 5.59 / 11.0 / 19.9 / 143 (without with_panel, 128 rows took 146 against 127).
+// 5.59 / 11.0 / 19.9 / 143. with_panel against the same source without it (two builds alternating in
+// one process, 10 rounds, best 3, the bf16 cache): rows 16 / 128 / 512 21.6 / 151 / 519 against 22.4 /
+// 152 / 556 ms. Widening every key and value panel into a buffer for 2-8 rows too lost the gain: 2 rows
+// 5.43 ms against the float32 cache's 5.29 in that run, where widening in registers gives 3.07 against
+// 4.28 (the run above).
 // parents [nodes] (a token tree, else none): node j's keys and values lie at start + j, parents[j] < j
 // or -1 (a root: several may be); the rows are the last `rows` nodes (a verify step's: every node; a
 // draft head's: the level it adds), each attending to [0, start) and then its root-to-node path.
