@@ -65,7 +65,7 @@ steps over pairs of k, from zero, each adding x[k] w[k] and x[k + 1] w[k + 1] in
 own order and rounding (denormals flushed). A row's chain never
 depends on the rows beside it, so every invariance above holds (tested as for the float32 chains);
 what changes is the model's numbers: the inputs of its Linears are rounded to bf16, as in a bf16
-forward (torch's, HF's), while the residual stream, norms, attention and the KV cache stay float32.
+forward (torch's, HF's), while the residual stream, norms and attention's arithmetic stay float32.
 Twice the multiply-adds an instruction and no widening: measured in one process, interleaved, the
 30 layers' Linears and the LM head of SmolLM2-135M with random bf16 weights, one thread, beside a
 training run (best of 5, ms; `/tmp` script):
@@ -74,8 +74,9 @@ training run (best of 5, ms; `/tmp` script):
     float32 inputs  18.7  13.5  19.6  28.1  63.4  525
     bf16 dot        15.5  11.3  12.0  16.8  38.4  315
 
-SPEC_COMPLETE_ROW_KERNEL=float32 keeps float32 inputs (the bits of earlier releases, and of CPUs
-without AVX512-BF16); `numerics_mode` switches it for a block (tests, `eval.bench_forward`).
+SPEC_COMPLETE_ROW_KERNEL=float32 keeps float32 inputs (the bits of CPUs without AVX512-BF16; since
+session 44 a bf16 checkpoint's KV cache is bf16 there too, so not those of earlier releases);
+`numerics_mode` switches it for a block (tests, `eval.bench_forward`).
 
 Where the CPU also has AMX-BF16 (Intel Xeon from Sapphire Rapids on) the dot mode multiplies on AMX
 tiles: the bf16 input rows zero-padded to tiles of 16 rows x 32 k, a panel's pairs of k interleaved

@@ -275,8 +275,8 @@ class DecoderRunner:
             if self.any_schedule
             else []
         )
-        # on the kernel with bf16 Linears (AMX or vdpbf16ps), a bf16 cache: attention multiplies bf16
-        # too (row_invariant.attention)
+        # on the kernel with bf16 panels, a bf16 cache (row_invariant.cache_dtype): attention multiplies
+        # bf16 under the amx and bf16dot numerics, widens it under float32 (row_invariant.attention)
         linears_bf16 = bool(self._layer_panels) and self._layer_panels[0].panels[0].dtype == torch.bfloat16
         self.cache = KVCache(
             s.n_layers,

@@ -220,7 +220,7 @@ def linear_products(config: EngineConfig) -> str:
 
 
 def kv_cache_label(engine) -> str:
-    """The dtype the target's KV cache keeps, e.g. "bfloat16" (the bf16 numerics' cache) or "float32"."""
+    """The dtype the target's KV cache keeps: "bfloat16" (a bf16 checkpoint's, on the kernel) or "float32"."""
     return str(engine.target_runner.cache.keys.dtype).removeprefix("torch.")
 
 

@@ -383,10 +383,10 @@ def cached_pass(target, windows: torch.Tensor, name: str, feature_layers: tuple[
     width = target.shape.hidden * (1 + len(feature_layers))
     if feature_layers:  # passes with other feature layers are other files
         name = f"{name}-layers{'_'.join(map(str, feature_layers))}"
-    if (
-        target.embed.dtype == torch.float32 and row_invariant.numerics() != "float32"
-    ):  # other features: other files (the numerics, and the KV cache's dtype they attend over)
-        cache = str(row_invariant.cache_dtype(True, target.shape.head_dim)).removeprefix("torch.")
+    # other features, other files: the numerics, and the KV cache's dtype they attend over (a bf16
+    # checkpoint's cache is bf16 since session 44, float32 numerics included)
+    cache = str(row_invariant.cache_dtype(True, target.shape.head_dim)).removeprefix("torch.")
+    if target.embed.dtype == torch.float32 and (row_invariant.numerics() != "float32" or cache != "float32"):
         name = f"{name}-{row_invariant.numerics()}-kv-{cache}"
     done = TargetPass(
         windows[:0],

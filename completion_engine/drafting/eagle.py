@@ -158,7 +158,7 @@ class EagleHead:
 
     Where the Linears are packed (the row-invariant kernel), the layer is one kernel call
     (row_invariant.layer: the target's own) over a cache in the kernel's panel layout, in the
-    target cache's dtype (bf16 under the amx and bf16dot numerics); elsewhere torch's ops and SDPA.
+    target cache's dtype (row_invariant.cache_dtype: bf16 for bf16 panels); elsewhere torch's ops and SDPA.
     """
 
     def __init__(self, weights: EagleWeights, capacity: int, packed: bool | None = None) -> None:

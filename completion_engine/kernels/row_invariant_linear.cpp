@@ -190,7 +190,7 @@ inline void softmax_row(float* s, int64_t length, __m256 most) {
   for (int64_t i = 0; i < length; i += 8) _mm256_storeu_ps(s + i, _mm256_mul_ps(_mm256_loadu_ps(s + i), inverse));
 }
 
-constexpr int64_t kAhead = 2048;  // attention prefetches the KV cache one key panel (8 KiB) ahead: measured 5-13% faster at 4-11 rows, no change at 1
+constexpr int64_t kAhead = 2048;  // attention prefetches the KV cache one key panel (8 KiB; 4 KiB, half a panel, of a bf16 cache) ahead: measured 5-13% faster at 4-11 rows, no change at 1
 // query slots (a row's head) handled together: 8 micro-kernel tiles in a prefill block, 4 in a step or
 // verify block (more work items for the threads). A chunk streams its kv head's keys and values once,
 // so bigger chunks read the cache less often: 24 slots against 12, a 128-row block at 2,136 keys, two
@@ -921,7 +921,7 @@ constexpr int64_t kFewRows = 8;
 // The cache of one layer as attention reads it, and the rows asking.
 struct AttentionCall {
   const float* q;  // [rows, heads, d]
-  const float* keys;  // float32 caches; bf16 ones (the amx and bf16dot numerics'): keys16, values16
+  const float* keys;  // float32 caches; bf16 ones (a bf16 checkpoint's, any numerics): keys16, values16
   int64_t key_head, key_panel;  // strides: keys [kv_heads, panels, d, 32]
   const float* values;
   int64_t value_head, value_panel;  // strides: values [kv_heads, ceil(d / 32), positions, 32]
