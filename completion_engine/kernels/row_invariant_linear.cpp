@@ -958,7 +958,14 @@ inline int64_t tree_position(const AttentionCall& a, int64_t row, int64_t t) {
 // W: the cache's element, float or bf16 (uint16_t: the float32 numerics' bf16 cache, each key and value
 // widened exactly as it is read, so the chains are those of a float32 cache holding the rounded values).
 template <typename W>
-void attention_few(const AttentionCall& a, const W* keys, const W* values) {
+void attention_few(const AttentionCall& a) {
+  const W* keys = nullptr;
+  const W* values = nullptr;
+  if constexpr (std::is_same_v<W, float>) {
+    keys = a.keys, values = a.values;
+  } else {
+    keys = a.keys16, values = a.values16;
+  }
   const int64_t group = a.heads / a.kv_heads, slots = a.rows * group, tiles = (slots + kBlockRows - 1) / kBlockRows;
   const auto cached = [&](int64_t row) { return a.paths ? std::min(a.len[row], a.start) : a.len[row]; };
   int64_t cache_longest = 0;  // keys any row reads in place
@@ -1539,9 +1546,9 @@ void dot_attention(const AttentionCall& a) {
 // or -1 (a root: several may be); the rows are the last `rows` nodes (a verify step's: every node; a
 // draft head's: the level it adds), each attending to [0, start) and then its root-to-node path.
 template <typename W>
-torch::Tensor attention_chunked(const torch::Tensor& q, const W* kp, const W* vp, const torch::Tensor& keys,
-                                const torch::Tensor& values, const int64_t* len, int64_t rows, int64_t heads,
-                                int64_t kv_heads, int64_t d, double scale);
+torch::Tensor attention_chunked(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                                const int64_t* len, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d,
+                                double scale);
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
                         const torch::Tensor& lengths, double scale, const c10::optional<torch::Tensor>& parents,
@@ -1617,29 +1624,28 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& keys, const
     if (amx)
       amx_on.load() ? amx_attention(call) : dot_attention(call);
     else if (bf16)
-      attention_few(call, call.keys16, call.values16);
+      attention_few<uint16_t>(call);
     else
-      attention_few(call, call.keys, call.values);
+      attention_few<float>(call);
     return out;
   }
-  return bf16 ? attention_chunked(q, reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>()),
-                                  reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), keys, values, len,
-                                  rows, heads, kv_heads, d, scale)
-              : attention_chunked(q, keys.data_ptr<float>(), values.data_ptr<float>(), keys, values, len, rows, heads,
-                                  kv_heads, d, scale);
+  return bf16 ? attention_chunked<uint16_t>(q, keys, values, len, rows, heads, kv_heads, d, scale)
+              : attention_chunked<float>(q, keys, values, len, rows, heads, kv_heads, d, scale);
 }
 
 // Attention of more than kFewRows rows of a chain (prefill blocks) in items of a kv head's chunk of
-// slots, attention()'s arguments; kp, vp: the cache's keys and values as float or bf16 (W).
+// slots, attention()'s arguments; W: the cache's element, float or bf16 (uint16_t).
 template <typename W>
-torch::Tensor attention_chunked(const torch::Tensor& q, const W* kp, const W* vp, const torch::Tensor& keys,
-                                const torch::Tensor& values, const int64_t* len, int64_t rows, int64_t heads,
-                                int64_t kv_heads, int64_t d, double scale) {
+torch::Tensor attention_chunked(const torch::Tensor& q, const torch::Tensor& keys, const torch::Tensor& values,
+                                const int64_t* len, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d,
+                                double scale) {
   const int64_t group = heads / kv_heads, slots = rows * group;
   const int64_t chunk = rows > kHalfRowsMost ? kSlots : kSlots / 2, chunks = (slots + chunk - 1) / chunk;
   const int64_t value_panels = (d + kPanel - 1) / kPanel;
   auto out = torch::empty({rows, heads * d}, q.options());
   const float* qp = q.data_ptr<float>();
+  const W* kp = static_cast<const W*>(keys.data_ptr());
+  const W* vp = static_cast<const W*>(values.data_ptr());
   float* op = out.data_ptr<float>();
   const __m256 scale8 = _mm256_set1_ps(static_cast<float>(scale));
   // a work item: one kv head's chunk of up to kSlots slots (slot = row * group + head in the group)
