@@ -327,29 +327,32 @@ def test_attention_values_are_those_of_softmax_attention(kv_heads, group, head_d
 @pytest.mark.parametrize("head_dim", [64, 40, 63])
 def test_the_float32_numerics_read_a_bf16_cache_as_a_float32_one_holding_its_values(head_dim):
     # each key and value widened exactly: the bits of a float32 cache of the rounded values, for a
-    # step, a verify block, a prefill block (the chunked pass) and a token tree
-    kv_heads, group, size = 3, 3, 700
+    # step, a verify block, a prefill block (the chunked pass) and a token tree; query heads per kv
+    # head 1 to 3, so that a bf16 cache's half-panel tiles (4 or more slots a kv head, in tiles of up
+    # to 6 as even as can be) come in every size, 3 to 6
+    kv_heads, size = 3, 700
     cache16, keys, values = filled_cache(kv_heads, head_dim, size, seed=21, dtype=torch.bfloat16)
     cache32, _, _ = filled_cache(kv_heads, head_dim, size, seed=21)
     cache32.write(0, 0, keys.bfloat16().float(), values.bfloat16().float())
     generator = torch.Generator().manual_seed(22)
     scale = head_dim**-0.5
     with row_invariant.numerics_mode("float32"):
-        for rows in (1, 2, 4, 8, 9, 16, 128):
-            q = torch.randn(rows, kv_heads * group, head_dim, generator=generator)
-            lengths = torch.arange(size - rows + 1, size + 1) - torch.randint(
-                0, 40, (rows,), generator=generator
-            )
-            got = row_invariant.attention(q, cache16.keys[0], cache16.values[0], lengths, scale)
-            want = row_invariant.attention(q, cache32.keys[0], cache32.values[0], lengths, scale)
-            assert torch.equal(got, want), rows
-        parents, start = torch.tensor([-1, 0, 0, 1, 3, -1]), 600
-        q = torch.randn(6, kv_heads * group, head_dim, generator=generator)
-        lengths = torch.tensor([start + 1, start + 2, start + 2, start + 3, start + 4, start + 1])
-        tree = (parents, start)
-        got = row_invariant.attention(q, cache16.keys[0], cache16.values[0], lengths, scale, tree)
-        want = row_invariant.attention(q, cache32.keys[0], cache32.values[0], lengths, scale, tree)
-        assert torch.equal(got, want)
+        for group in (1, 2, 3):
+            for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16, 128):
+                q = torch.randn(rows, kv_heads * group, head_dim, generator=generator)
+                lengths = torch.arange(size - rows + 1, size + 1) - torch.randint(
+                    0, 40, (rows,), generator=generator
+                )
+                got = row_invariant.attention(q, cache16.keys[0], cache16.values[0], lengths, scale)
+                want = row_invariant.attention(q, cache32.keys[0], cache32.values[0], lengths, scale)
+                assert torch.equal(got, want), (group, rows)
+            parents, start = torch.tensor([-1, 0, 0, 1, 3, -1]), 600
+            q = torch.randn(6, kv_heads * group, head_dim, generator=generator)
+            lengths = torch.tensor([start + 1, start + 2, start + 2, start + 3, start + 4, start + 1])
+            tree = (parents, start)
+            got = row_invariant.attention(q, cache16.keys[0], cache16.values[0], lengths, scale, tree)
+            want = row_invariant.attention(q, cache32.keys[0], cache32.values[0], lengths, scale, tree)
+            assert torch.equal(got, want), group
 
 
 def test_the_bf16dot_numerics_keep_a_bf16_cache_only_for_an_even_head_dim():
