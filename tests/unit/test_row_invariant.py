@@ -329,30 +329,42 @@ def test_the_float32_numerics_read_a_bf16_cache_as_a_float32_one_holding_its_val
     # each key and value widened exactly: the bits of a float32 cache of the rounded values, for a
     # step, a verify block, a prefill block (the chunked pass) and a token tree; query heads per kv
     # head 1 to 3, so that a bf16 cache's half-panel tiles (4 or more slots a kv head, in tiles of up
-    # to 6 as even as can be) come in every size, 3 to 6
+    # to 6 as even as can be) come in every size, 3 to 6; with 512-bit tiles off, and on where the CPU
+    # has them (they come first)
     kv_heads, size = 3, 700
     cache16, keys, values = filled_cache(kv_heads, head_dim, size, seed=21, dtype=torch.bfloat16)
     cache32, _, _ = filled_cache(kv_heads, head_dim, size, seed=21)
     cache32.write(0, 0, keys.bfloat16().float(), values.bfloat16().float())
     generator = torch.Generator().manual_seed(22)
     scale = head_dim**-0.5
-    with row_invariant.numerics_mode("float32"):
-        for group in (1, 2, 3):
-            for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16, 128):
-                q = torch.randn(rows, kv_heads * group, head_dim, generator=generator)
-                lengths = torch.arange(size - rows + 1, size + 1) - torch.randint(
-                    0, 40, (rows,), generator=generator
-                )
-                got = row_invariant.attention(q, cache16.keys[0], cache16.values[0], lengths, scale)
-                want = row_invariant.attention(q, cache32.keys[0], cache32.values[0], lengths, scale)
-                assert torch.equal(got, want), (group, rows)
-            parents, start = torch.tensor([-1, 0, 0, 1, 3, -1]), 600
-            q = torch.randn(6, kv_heads * group, head_dim, generator=generator)
-            lengths = torch.tensor([start + 1, start + 2, start + 2, start + 3, start + 4, start + 1])
-            tree = (parents, start)
-            got = row_invariant.attention(q, cache16.keys[0], cache16.values[0], lengths, scale, tree)
-            want = row_invariant.attention(q, cache32.keys[0], cache32.values[0], lengths, scale, tree)
-            assert torch.equal(got, want), group
+
+    def equal_attention(
+        q: torch.Tensor, lengths: torch.Tensor, tree: tuple[torch.Tensor, int] | None = None
+    ) -> bool:
+        got = row_invariant.attention(q, cache16.keys[0], cache16.values[0], lengths, scale, tree)
+        want = row_invariant.attention(q, cache32.keys[0], cache32.values[0], lengths, scale, tree)
+        return torch.equal(got, want)
+
+    module = row_invariant.kernel()
+    before = module.set_wide_tiles(False)
+    try:
+        with row_invariant.numerics_mode("float32"):
+            for wide in (False, True) if "avx512f" in row_invariant.cpu_flags() else (False,):
+                module.set_wide_tiles(wide)
+                for group in (1, 2, 3):
+                    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16, 128):
+                        q = torch.randn(rows, kv_heads * group, head_dim, generator=generator)
+                        lengths = torch.arange(size - rows + 1, size + 1) - torch.randint(
+                            0, 40, (rows,), generator=generator
+                        )
+                        assert equal_attention(q, lengths), (wide, group, rows)
+                    start = 600
+                    q = torch.randn(6, kv_heads * group, head_dim, generator=generator)
+                    lengths = torch.tensor([start + 1, start + 2, start + 2, start + 3, start + 4, start + 1])
+                    tree = (torch.tensor([-1, 0, 0, 1, 3, -1]), start)
+                    assert equal_attention(q, lengths, tree), (wide, group)
+    finally:
+        module.set_wide_tiles(before)
 
 
 def test_the_bf16dot_numerics_keep_a_bf16_cache_only_for_an_even_head_dim():
