@@ -290,13 +290,19 @@ WIDE_TILES __attribute__((always_inline)) inline void micro512(const float* x, i
     for (int v = 0; v < 2; ++v) _mm512_storeu_ps(acc + r * kPanel + v * 16, sum[r][v]);
 }
 
+// The rows of tile t of `tiles` as even as can be, `left` rows not yet in a tile: the first tiles take
+// the odd rows (the tiling never changes a row's chain).
+inline int64_t even_tile(int64_t left, int64_t tiles, int64_t t) {
+  return (left + tiles - t - 1) / (tiles - t);
+}
+
 // Rows [0, m) in tiles of at most kWideRows, as even as can be.
 template <typename W, int64_t Ahead = 0>
 WIDE_TILES void wide_tiles(const float* xp, int64_t m, int64_t k, const W* panel, int64_t k0, int64_t k1, float* acc) {
   const int64_t tiles = (m + kWideRows - 1) / kWideRows;
   const bool first = k0 == 0;
   for (int64_t t = 0, row = 0; t < tiles; ++t) {
-    const int64_t size = (m - row) / (tiles - t) + ((m - row) % (tiles - t) != 0);
+    const int64_t size = even_tile(m - row, tiles, t);
     const float* xr = xp + row * k;
     float* ar = acc + row * kPanel;
     switch (size) {
@@ -330,6 +336,27 @@ __attribute__((always_inline)) inline void half_tile(int64_t size, const float* 
   }
 }
 
+// Rows [0, m) (4 or more) x a panel over the k block [k0, k1) in tiles of up to kHalfRows rows, as even
+// as can be, over each half panel (a Linear's verify block; attention's slots of a bf16 cache): the
+// first pass streams the block, asking for it First weights ahead; the later ones read it from L1,
+// asking for the next block (kNextBlockAhead). acc as in micro.
+template <typename W, int64_t First>
+inline void half_panels(const float* xp, int64_t m, int64_t k, const W* panel, int64_t k0, int64_t k1, float* acc) {
+  const int64_t tiles = (m + kHalfRows - 1) / kHalfRows;
+  for (int64_t half = 0; half < kPanel; half += kPanel / 2) {
+    for (int64_t t = 0, row = 0; t < tiles; ++t) {
+      const int64_t size = even_tile(m - row, tiles, t);
+      const float* xr = xp + row * k;
+      float* ar = acc + row * kPanel + half;
+      if (half == 0 && t == 0)
+        half_tile<W, First>(size, xr, k, panel + half, k0, k1, ar);
+      else
+        half_tile<W, kNextBlockAhead>(size, xr, k, panel + half, k0, k1, ar);
+      row += size;
+    }
+  }
+}
+
 // Rows [0, m) of x against one panel's k block [k0, k1); acc as in micro. A bf16 panel is widened in
 // registers for one tile of rows (a decode step streams half the bytes); for more, its block is
 // widened once into `wide` (64-byte aligned, k x 32 floats) and every tile reads it from L1.
@@ -347,19 +374,7 @@ inline void rows_block(const float* xp, int64_t m, int64_t k, const W* panel, in
   if constexpr (std::is_same_v<W, uint16_t>) {
     if (m > kBlockRows && m <= kHalfRowsMost) {
       // a verify block: half panels, each widened in registers once per tile of up to 6 rows
-      const int64_t tiles = (m + kHalfRows - 1) / kHalfRows;
-      for (int64_t half = 0; half < kPanel; half += kPanel / 2) {
-        for (int64_t t = 0, row = 0; t < tiles; ++t) {
-          const int64_t size = (m - row) / (tiles - t) + ((m - row) % (tiles - t) != 0);
-          const float* xr = xp + row * k;
-          float* ar = acc + row * kPanel + half;
-          if (half == 0 && t == 0)  // the block's first pass: from memory
-            half_tile<W, kHalfWeightAhead>(size, xr, k, panel + half, k0, k1, ar);
-          else  // from L1, asking for the next block (kNextBlockAhead)
-            half_tile<W, kNextBlockAhead>(size, xr, k, panel + half, k0, k1, ar);
-          row += size;
-        }
-      }
+      half_panels<W, kHalfWeightAhead>(xp, m, k, panel, k0, k1, acc);
       return;
     }
     if (m > kBlockRows) {
@@ -444,7 +459,7 @@ DOT_TILES void dot_tiles(const uint16_t* xb, int64_t m, int64_t k, const uint16_
   const int64_t tiles = (m + kDotRows - 1) / kDotRows;
   const bool first = k0 == 0;
   for (int64_t t = 0, row = 0; t < tiles; ++t) {
-    const int64_t size = (m - row) / (tiles - t) + ((m - row) % (tiles - t) != 0);
+    const int64_t size = even_tile(m - row, tiles, t);
     const uint16_t* xr = xb + row * k;
     float* ar = acc + row * kPanel;
     switch (size) {
@@ -842,25 +857,6 @@ inline bool half_panel_slots(int64_t count) {
   return std::is_same_v<W, uint16_t> && count > kBlockRows;
 }
 
-// Slots [0, count) (4 or more) x a panel over k in [k0, k1) in tiles of up to kHalfRows slots, as even
-// as can be, over each half panel (rows_block's verify-block tiles): the first pass streams the panel,
-// asking for the cache kAhead ahead; the later ones read it from L1, asking for the next block.
-template <typename W>
-inline void half_panels(const float* x, int64_t count, int64_t ld, const W* panel, int64_t k0, int64_t k1,
-                        float* acc) {
-  const int64_t tiles = (count + kHalfRows - 1) / kHalfRows;
-  for (int64_t half = 0; half < kPanel; half += kPanel / 2) {
-    for (int64_t t = 0, s = 0; t < tiles; ++t) {
-      const int64_t size = (count - s) / (tiles - t) + ((count - s) % (tiles - t) != 0);
-      if (half == 0 && t == 0)
-        half_tile<W, kAhead>(size, x + s * ld, ld, panel + half, k0, k1, acc + s * kPanel + half);
-      else
-        half_tile<W, kNextBlockAhead>(size, x + s * ld, ld, panel + half, k0, k1, acc + s * kPanel + half);
-      s += size;
-    }
-  }
-}
-
 // The output chains of a tile of up to kBlockRows slots (kWideRows with 512-bit tiles, kHalfRows over a
 // bf16 cache's half panels: value_tiles) over the keys
 // [k0, k1) of one value panel: the keys every slot of the tile sees run together, then each slot alone
@@ -876,7 +872,7 @@ inline void value_tile(const float* x, int64_t ld, const W* panel, int64_t k0, i
     if (wide) {
       wide_tiles<W, kAhead>(x, tile, ld, panel, k0, together, acc);
     } else if (tile > kBlockRows) {  // a bf16 cache's tile of 4 to 6 slots (value_tiles)
-      half_panels(x, tile, ld, panel, k0, together, acc);
+      half_panels<W, kAhead>(x, tile, ld, panel, k0, together, acc);
     } else {
       switch (tile) {
         case 3: micro<3, kVectors, W, kAhead>(x, ld, panel, k0, together, acc, k0 == 0); break;
@@ -906,7 +902,7 @@ inline void value_tiles(const float* x, int64_t ld, const W* panel, int64_t k0, 
   if (!wide && half_panel_slots<W>(count)) {  // tiles of up to kHalfRows slots, as even as can be
     const int64_t tiles = (count + kHalfRows - 1) / kHalfRows;
     for (int64_t t = 0, s = 0; t < tiles; ++t) {
-      const int64_t size = (count - s) / (tiles - t) + ((count - s) % (tiles - t) != 0);
+      const int64_t size = even_tile(count - s, tiles, t);
       value_tile(x + s * ld, ld, panel, k0, k1, lengths + s, size, acc + s * kPanel, false);
       s += size;
     }
@@ -927,7 +923,7 @@ inline void score_tiles(const float* q, int64_t count, int64_t d, const W* panel
     return;
   }
   if (half_panel_slots<W>(count)) {
-    half_panels(q, count, d, panel, 0, d, acc);
+    half_panels<W, kAhead>(q, count, d, panel, 0, d, acc);
     return;
   }
   for (int64_t s = 0; s < count; s += kBlockRows) {
